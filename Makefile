@@ -1,0 +1,63 @@
+# Bulwark: build, run and test.
+#
+#   make run    install Postgres if missing, build, serve on the managed Postgres
+#   make test   install Postgres if missing, go vet, go test -race
+#
+# Settings for `make run` come from the environment (BULWARK_*), or pass
+# flags: make run ARGS="--hostname localhost:2583".
+
+GO      ?= go
+BIN     ?= bin/bulwark
+ARGS    ?=
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+# apt-get needs root: use sudo when we are not root.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT  := env DEBIAN_FRONTEND=noninteractive apt-get
+
+.PHONY: all run test build deps vet clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/bulwark
+
+# Under root, Postgres runs as the postgres user, which must be able to reach
+# the data directory. A checkout under /root (mode 0700) is out of its reach,
+# so run then keeps its data in /var/lib/bulwark instead, and says so.
+run: deps build
+	@if [ -z "$$BULWARK_DATA_DIR" ] && [ "$$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 && \
+		! runuser -u postgres -- test -x "$(CURDIR)" 2>/dev/null; then \
+		echo "make run: $(CURDIR) is not reachable by the postgres user; using BULWARK_DATA_DIR=/var/lib/bulwark"; \
+		mkdir -p -m 0711 /var/lib/bulwark; \
+		export BULWARK_DATA_DIR=/var/lib/bulwark; \
+	fi; \
+	exec ./$(BIN) serve $(ARGS)
+
+vet:
+	$(GO) vet ./...
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -timeout 40m ./...
+
+# deps installs what building and testing need from the OS packages:
+# PostgreSQL (server binaries: initdb, postgres) when none is found in PATH
+# or /usr/lib/postgresql/*/bin, and a C compiler when there is none, because
+# the race detector needs cgo. Go itself is a prerequisite (see README).
+deps:
+	@need=""; \
+	if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		need="$$need postgresql"; \
+	fi; \
+	if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then \
+		need="$$need gcc libc6-dev"; \
+	fi; \
+	if [ -n "$$need" ]; then \
+		echo "installing from apt:$$need"; \
+		$(SUDO) $(APT) update && $(SUDO) $(APT) install -y --no-install-recommends $$need; \
+	fi
+
+clean:
+	rm -rf bin

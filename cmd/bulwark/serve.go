@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/pds"
+)
+
+// stopTimeout bounds closing the pool and stopping the managed Postgres
+// after the HTTP server has drained.
+const stopTimeout = time.Minute
+
+// runServe is `bulwark serve`: configure, open (and migrate) the database,
+// serve until SIGINT/SIGTERM, then shut down in order: stop accepting, drain
+// requests in flight (up to --shutdown-timeout), close the pool, stop the
+// managed Postgres last.
+func runServe(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: bulwark serve [flags]\n\nEvery flag can also be set by the environment variable shown in brackets;\na flag wins over the environment.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	cfg := config.DefaultConfig()
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bulwark serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := cfg.Finalize(); err != nil {
+		fmt.Fprintln(stderr, "bulwark:", err)
+		return 2
+	}
+	logger := cfg.NewLogger(stderr)
+	slog.SetDefault(logger)
+
+	if err := serve(ctx, cfg, logger); err != nil {
+		logger.Error("bulwark stopped on an error", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	generated, err := cfg.EnsureSecrets()
+	if err != nil {
+		return err
+	}
+	for _, name := range generated {
+		logger.Warn("generated a secret into the data dir; production should set it explicitly",
+			"setting", name, "dir", filepath.Join(cfg.DataDir, config.SecretsDir))
+	}
+	logger.Info("starting bulwark", "version", Version(), "config", cfg)
+
+	d, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+		defer cancel()
+		d.Close(ctx)
+	}()
+	if err := db.Migrate(ctx, d.Pool, logger); err != nil {
+		return err
+	}
+
+	srv, err := pds.New(pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version()})
+	if err != nil {
+		return err
+	}
+	hs := srv.HTTPServer()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s (--listen): %w", cfg.Listen, err)
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	logger.Info("serving", "addr", ln.Addr().String(), "public_url", cfg.PublicURL(), "did", cfg.ServiceDID())
+
+	var runErr error
+	served := false
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down", "reason", context.Cause(ctx))
+	case err := <-serveErr:
+		served = true
+		runErr = fmt.Errorf("http server: %w", err)
+	case <-d.Done():
+		runErr = errors.New("managed postgres exited unexpectedly; see <data-dir>/postgres/postgres.log")
+	}
+	// A second signal now kills the process at once, for an operator who
+	// does not want to wait for the drain.
+	stopSignals()
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("requests still running at the shutdown timeout; closing them", "error", err)
+		_ = hs.Close()
+	}
+	if !served {
+		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) && runErr == nil {
+			runErr = fmt.Errorf("http server: %w", err)
+		}
+	}
+	logger.Info("http server stopped")
+	return runErr
+}

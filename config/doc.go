@@ -1,0 +1,18 @@
+// Package config holds Bulwark's settings: one Config struct, its defaults,
+// the flags and BULWARK_* environment variables that set it, validation that
+// names the offending setting, redaction for logging, and the secrets that
+// are generated into the data directory for local use.
+//
+// The names of the settings are a stable interface for operators and
+// scripts (see ARCHITECTURE.md, "Configuration names"): every setting is a
+// flag of `bulwark serve` and an environment variable, and the two always
+// carry the same name (--data-dir and BULWARK_DATA_DIR).
+//
+// Typical use:
+//
+//	cfg := config.DefaultConfig()
+//	cfg.RegisterFlags(fs) // env values become the flags' defaults
+//	_ = fs.Parse(args)
+//	if err := cfg.Finalize(); err != nil { ... } // derived defaults + Validate
+//	generated, err := cfg.EnsureSecrets()
+package config

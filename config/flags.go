@@ -1,0 +1,360 @@
+package config
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+// setting ties one Config field to its flag and environment variable.
+type setting struct {
+	flag  string
+	usage string
+	value flag.Value
+}
+
+// settings lists every setting of c in the order --help and the start-up
+// log show them. Adding a setting is one line here plus the field.
+func (c *Config) settings() []setting {
+	return []setting{
+		{"listen", "address to serve on (host:port)", (*stringValue)(&c.Listen)},
+		{"hostname", "public host name; service DID is did:web:<hostname>; host:port is served over http (local use)", (*stringValue)(&c.Hostname)},
+		{"data-dir", "directory for the managed Postgres, blobs and generated secrets", (*stringValue)(&c.DataDir)},
+		{"database-url", "external Postgres URL; unset = run a managed Postgres under <data-dir>/postgres", (*databaseURLValue)(&c.DatabaseURL)},
+		{"admin-password", "HTTP Basic password (user admin) for admin methods; unset = generated into <data-dir>/secrets", (*secretValue)(&c.AdminPassword)},
+		{"jwt-secret", "session token signing key (at least 32 bytes); unset = generated", (*secretValue)(&c.JWTSecret)},
+		{"plc-url", "PLC directory URL", (*stringValue)(&c.PLCURL)},
+		{"plc-rotation-key", "PDS PLC rotation key (K-256 private key, hex or multibase); unset = generated", (*secretValue)(&c.PLCRotationKey)},
+		{"handle-domains", "comma-separated handle suffixes users may register, like .example.com (default .<hostname>)", (*listValue)(&c.HandleDomains)},
+		{"blob-dir", "blob storage directory (default <data-dir>/blobs)", (*stringValue)(&c.BlobDir)},
+		{"crawlers", "comma-separated relay URLs to notify with requestCrawl", (*listValue)(&c.Crawlers)},
+		{"appview-url", "default proxy target for methods served elsewhere", (*stringValue)(&c.AppViewURL)},
+		{"appview-did", "service DID of --appview-url", (*stringValue)(&c.AppViewDID)},
+		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
+		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},
+		{"firehose-retention", "how long firehose events are kept for cursor replay", (*durationValue)(&c.FirehoseRetention)},
+		{"trusted-proxies", "comma-separated CIDRs whose X-Forwarded-For is believed", (*prefixListValue)(&c.TrustedProxies)},
+		{"metrics-listen", "private address for /metrics and pprof; unset = off", (*stringValue)(&c.MetricsListen)},
+		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: sized from memory)", (*byteSize)(&c.InflightBudget)},
+		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
+		{"invite-required", "require an invite code to create an account", (*boolValue)(&c.InviteRequired)},
+		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
+		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},
+		{"terms-of-service-url", "terms of service link published by describeServer", (*stringValue)(&c.TermsOfServiceURL)},
+		{"shutdown-timeout", "how long a stopping server waits for requests in flight", (*durationValue)(&c.ShutdownTimeout)},
+		{"log-level", "minimum log level: debug, info, warn, error", (*levelValue)(&c.LogLevel)},
+		{"log-format", "log format: text or json", (*stringValue)(&c.LogFormat)},
+	}
+}
+
+// RegisterFlags binds every setting to a flag on fs. An environment variable
+// (BULWARK_<FLAG_NAME>) that is set becomes the flag's default, so that
+// flags override the environment and the environment overrides the built-in
+// defaults; an empty variable counts as unset. A value in the environment
+// that does not parse is reported by Validate, naming the variable.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.registerFlags(fs, os.LookupEnv)
+}
+
+func (c *Config) registerFlags(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) {
+	for _, s := range c.settings() {
+		env := envName(s.flag)
+		// An empty variable counts as unset: compose files and scripts
+		// pass through optional settings as FOO=${FOO:-}.
+		if v, ok := lookupEnv(env); ok && strings.TrimSpace(v) != "" {
+			if err := s.value.Set(v); err != nil {
+				c.envErrs = append(c.envErrs, fmt.Errorf("invalid %s: %v", env, err))
+			}
+		}
+		fs.Var(s.value, s.flag, s.usage+" [$"+env+"]")
+	}
+}
+
+// RedactedText is the text that stands in for a secret in logs.
+const RedactedText = "(redacted)"
+
+// LogValue renders the effective configuration for the start-up log, keyed
+// by flag name, with secrets replaced and the database URL's password
+// removed. It makes a Config safe to pass to slog as is.
+func (c *Config) LogValue() slog.Value {
+	attrs := make([]slog.Attr, 0, 32)
+	for _, s := range c.settings() {
+		attrs = append(attrs, slog.String(s.flag, s.value.String()))
+	}
+	return slog.GroupValue(attrs...)
+}
+
+// Redacted returns a copy of c that is safe to print: secrets that are set
+// read "(redacted)" and the database URL has no password.
+func (c *Config) Redacted() *Config {
+	r := *c
+	r.envErrs = nil
+	for _, p := range []*string{&r.AdminPassword, &r.JWTSecret, &r.PLCRotationKey} {
+		if *p != "" {
+			*p = RedactedText
+		}
+	}
+	r.DatabaseURL = RedactDatabaseURL(r.DatabaseURL)
+	return &r
+}
+
+// RedactDatabaseURL removes the password from a Postgres connection string
+// (URL or key=value form). It is db.RedactURL, so that the server has one
+// redaction rule.
+func RedactDatabaseURL(s string) string {
+	if s == "" {
+		return ""
+	}
+	return db.RedactURL(s)
+}
+
+// Rate is an event rate, written like 1/min, 30/h or 5/s (or N/<Go
+// duration>, like 1/30s). It is a flag.Value.
+type Rate struct {
+	// Count events are allowed per Per.
+	Count int
+	// Per is the interval Count refers to.
+	Per time.Duration
+}
+
+// Limit converts r for golang.org/x/time/rate.
+func (r Rate) Limit() rate.Limit {
+	if r.Per <= 0 {
+		return 0
+	}
+	return rate.Limit(float64(r.Count) / r.Per.Seconds())
+}
+
+// String formats r the way Set parses it.
+func (r *Rate) String() string {
+	if r == nil {
+		return ""
+	}
+	unit := r.Per.String()
+	switch r.Per {
+	case time.Second:
+		unit = "s"
+	case time.Minute:
+		unit = "min"
+	case time.Hour:
+		unit = "h"
+	}
+	return fmt.Sprintf("%d/%s", r.Count, unit)
+}
+
+// Set parses N/unit.
+func (r *Rate) Set(s string) error {
+	n, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return fmt.Errorf("rate %q: want N/unit, like 1/min", s)
+	}
+	count, err := strconv.Atoi(strings.TrimSpace(n))
+	if err != nil || count < 1 {
+		return fmt.Errorf("rate %q: count must be a positive integer", s)
+	}
+	var per time.Duration
+	switch strings.TrimSpace(unit) {
+	case "s", "sec", "second":
+		per = time.Second
+	case "m", "min", "minute":
+		per = time.Minute
+	case "h", "hour":
+		per = time.Hour
+	case "d", "day":
+		per = 24 * time.Hour
+	default:
+		per, err = time.ParseDuration(strings.TrimSpace(unit))
+		if err != nil || per <= 0 {
+			return fmt.Errorf("rate %q: unknown unit %q (use s, min, h, day or a duration like 30s)", s, unit)
+		}
+	}
+	*r = Rate{Count: count, Per: per}
+	return nil
+}
+
+type stringValue string
+
+// secretValue is a string setting that never shows its value: --help
+// prints flag defaults, and the defaults come from the environment.
+type secretValue string
+
+func (v *secretValue) String() string {
+	if v == nil || *v == "" {
+		return ""
+	}
+	return RedactedText
+}
+func (v *secretValue) Set(s string) error { *v = secretValue(strings.TrimSpace(s)); return nil }
+
+// databaseURLValue shows a connection string without its password.
+type databaseURLValue string
+
+func (v *databaseURLValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return RedactDatabaseURL(string(*v))
+}
+func (v *databaseURLValue) Set(s string) error {
+	*v = databaseURLValue(strings.TrimSpace(s))
+	return nil
+}
+
+func (v *stringValue) String() string     { return string(*v) }
+func (v *stringValue) Set(s string) error { *v = stringValue(strings.TrimSpace(s)); return nil }
+
+// listValue is a comma-separated list; empty items are dropped so that a
+// trailing comma is harmless.
+type listValue []string
+
+func (v *listValue) String() string { return strings.Join(*v, ",") }
+func (v *listValue) Set(s string) error {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	*v = out
+	return nil
+}
+
+type prefixListValue []netip.Prefix
+
+func (v *prefixListValue) String() string {
+	parts := make([]string, len(*v))
+	for i, p := range *v {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set takes CIDRs; a bare address means that one host.
+func (v *prefixListValue) Set(s string) error {
+	var out []netip.Prefix
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !strings.Contains(item, "/") {
+			addr, err := netip.ParseAddr(item)
+			if err != nil {
+				return fmt.Errorf("bad CIDR %q", item)
+			}
+			out = append(out, netip.PrefixFrom(addr, addr.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(item)
+		if err != nil {
+			return fmt.Errorf("bad CIDR %q", item)
+		}
+		out = append(out, p.Masked())
+	}
+	*v = out
+	return nil
+}
+
+type intValue int
+
+func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not an integer", s)
+	}
+	*v = intValue(n)
+	return nil
+}
+
+type boolValue bool
+
+func (v *boolValue) String() string   { return strconv.FormatBool(bool(*v)) }
+func (v *boolValue) IsBoolFlag() bool { return true }
+func (v *boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", s)
+	}
+	*v = boolValue(b)
+	return nil
+}
+
+type durationValue time.Duration
+
+func (v *durationValue) String() string { return time.Duration(*v).String() }
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration like 30s or 72h", s)
+	}
+	*v = durationValue(d)
+	return nil
+}
+
+type levelValue slog.Level
+
+func (v *levelValue) String() string { return slog.Level(*v).String() }
+func (v *levelValue) Set(s string) error {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.TrimSpace(s))); err != nil {
+		return fmt.Errorf("%q is not a log level (debug, info, warn, error)", s)
+	}
+	*v = levelValue(l)
+	return nil
+}
+
+// byteSize is a count of bytes, written as a plain integer or with a binary
+// suffix: 512KiB, 2MiB, 1GiB (KB/MB/GB are taken as the binary units too;
+// nobody sizes buffers in powers of ten on purpose).
+type byteSize int64
+
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
+	{"kb", 1 << 10}, {"mb", 1 << 20}, {"gb", 1 << 30},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30},
+	{"b", 1},
+}
+
+func (v *byteSize) String() string {
+	n := int64(*v)
+	switch {
+	case n != 0 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n != 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n != 0 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func (v *byteSize) Set(s string) error {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t = strings.TrimSpace(strings.TrimSuffix(t, u.suffix))
+			mult = u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a size like 1048576 or 512MiB", s)
+	}
+	*v = byteSize(n * mult)
+	return nil
+}

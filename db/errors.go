@@ -1,0 +1,54 @@
+package db
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Domain errors. Translate is the one place driver errors become these, so
+// callers above the storage layer test with errors.Is and never import pgx.
+var (
+	// ErrNotFound means a query expected a row and found none.
+	ErrNotFound = errors.New("db: not found")
+	// ErrConflict means a unique constraint rejected the write.
+	ErrConflict = errors.New("db: conflict")
+	// ErrSerialization means Postgres aborted the transaction to keep it
+	// serialisable (or to break a deadlock); retrying it may succeed.
+	ErrSerialization = errors.New("db: serialization failure")
+)
+
+// SQLSTATE codes Translate understands.
+const (
+	codeUniqueViolation      = "23505"
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+)
+
+// Translate wraps err so that errors.Is(err, ErrNotFound / ErrConflict /
+// ErrSerialization) works while the driver error stays reachable (for its
+// detail and constraint name). nil stays nil; other errors come back
+// unchanged, as do errors Translate has already wrapped.
+func Translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrSerialization) {
+		return err
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case codeUniqueViolation:
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		case codeSerializationFailure, codeDeadlockDetected:
+			return fmt.Errorf("%w: %w", ErrSerialization, err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,213 @@
+package firehose
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+var (
+	qTryLeadership   = queries.MustGet("TryLeadership")
+	qNotifySequenced = queries.MustGet("NotifySequenced")
+)
+
+// NotifyChannel is the Postgres LISTEN channel on which the sequencer
+// announces each batch (payload: the new last seq), so that processes other
+// than the leader can wake their subscribers.
+const NotifyChannel = "bulwark_sequenced"
+
+// sequencerLockKey is the advisory-lock key electing one sequencer per
+// database ("bulwseq" in ASCII).
+const sequencerLockKey int64 = 0x62756c7773657100
+
+// SequencerConfig tunes the sequencer. The zero value works.
+type SequencerConfig struct {
+	// BatchSize is the most events numbered in one transaction (default 1000).
+	BatchSize int
+	// PollInterval is how often the leader looks for events committed by
+	// other processes, which cannot wake it directly (default 20ms). Local
+	// writers call Wake and are sequenced at once. Writers do not NOTIFY:
+	// NOTIFY takes a database-wide lock at commit and would serialise them.
+	PollInterval time.Duration
+	// LeaderRetry is how often a follower tries to become leader (default 1s).
+	LeaderRetry time.Duration
+	Logger      *slog.Logger
+}
+
+// Sequencer gives committed events their public seq, in batches.
+type Sequencer struct {
+	pool *pgxpool.Pool
+	cfg  SequencerConfig
+	log  *slog.Logger
+	wake chan struct{}
+
+	mu        sync.Mutex
+	listeners []func(lastSeq int64)
+}
+
+// NewSequencer returns a sequencer for pool's database; call Run to start it.
+func NewSequencer(pool *pgxpool.Pool, cfg SequencerConfig) *Sequencer {
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 20 * time.Millisecond
+	}
+	if cfg.LeaderRetry <= 0 {
+		cfg.LeaderRetry = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Sequencer{
+		pool: pool,
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "sequencer"),
+		wake: make(chan struct{}, 1),
+	}
+}
+
+// Wake tells the sequencer that events were committed. It never blocks.
+func (s *Sequencer) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// OnSequenced registers fn to be called (from the sequencer goroutine) after
+// each batch this process sequenced, with the new last seq. fn must not block.
+func (s *Sequencer) OnSequenced(fn func(lastSeq int64)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listeners = append(s.listeners, fn)
+}
+
+// Run elects this process leader (a session advisory lock held on one
+// connection) and sequences events until ctx ends. Followers retry
+// leadership every LeaderRetry.
+func (s *Sequencer) Run(ctx context.Context) error {
+	for {
+		err := s.lead(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			s.log.Warn("sequencer lost leadership or failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.cfg.LeaderRetry):
+		}
+	}
+}
+
+// lead holds leadership for as long as the lock connection lives.
+func (s *Sequencer) lead(ctx context.Context) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring leader connection: %w", err)
+	}
+	// The session lock dies with the connection: take the connection out of
+	// the pool for good, so it is never handed to anyone holding the lock.
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+
+	var leader bool
+	if err := pc.QueryRow(ctx, qTryLeadership, sequencerLockKey).Scan(&leader); err != nil {
+		return fmt.Errorf("trying leadership: %w", err)
+	}
+	if !leader {
+		return nil
+	}
+	s.log.Info("sequencer is leader")
+	tick := time.NewTicker(s.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		for {
+			n, err := s.SequenceBatch(ctx)
+			if err != nil {
+				return err
+			}
+			if n < s.cfg.BatchSize {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		case <-tick.C:
+			if err := pc.Ping(ctx); err != nil {
+				return fmt.Errorf("leader connection: %w", err)
+			}
+		}
+	}
+}
+
+// SequenceBatch numbers up to BatchSize committed, unsequenced events in one
+// transaction and returns how many it numbered. Exported for tests and for
+// tools that run without a leader loop.
+func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
+	var last int64
+	var n int
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, qLockSequencer).Scan(&last); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, qAssignSeqs, last, s.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		n = len(seqs)
+		if n == 0 {
+			return errNothingToDo
+		}
+		for _, q := range seqs {
+			last = max(last, q)
+		}
+		if _, err := tx.Exec(ctx, qSetLastSeq, last); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, qNotifySequenced, fmt.Sprint(last))
+		return err
+	})
+	if errors.Is(err, errNothingToDo) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sequencing events: %w", db.Translate(err))
+	}
+	s.mu.Lock()
+	ls := s.listeners
+	s.mu.Unlock()
+	for _, fn := range ls {
+		fn(last)
+	}
+	return n, nil
+}
+
+var errNothingToDo = errors.New("nothing to sequence")
+
+// RaiseSeq makes the next seq greater than floor (for a relay whose cursor is
+// ahead of this server after a restore). It returns the new last seq.
+func RaiseSeq(ctx context.Context, pool *pgxpool.Pool, floor int64) (int64, error) {
+	var last int64
+	if err := pool.QueryRow(ctx, qRaiseLastSeq, floor).Scan(&last); err != nil {
+		return 0, fmt.Errorf("raising seq: %w", db.Translate(err))
+	}
+	return last, nil
+}

@@ -1,0 +1,393 @@
+// Package pds is Bulwark's HTTP layer: XRPC routing, errors, middleware and
+// the handlers, one file per lexicon group. Handlers parse input into
+// syntax types, call a domain package (repo, firehose, ...), and map its
+// errors to XRPC errors in one place (xrpcErrorFor). Nothing here is
+// domain logic.
+//
+// Adding an XRPC method is one line in Server.routes plus a handler in its
+// own file:
+//
+//	s.procedure("com.atproto.repo.createRecord", s.handleCreateRecord)
+//
+//	func (s *Server) handleCreateRecord(w http.ResponseWriter, r *http.Request) error {
+//		var in comatproto.RepoCreateRecord_Input
+//		if err := decodeJSON(r, &in); err != nil {
+//			return err
+//		}
+//		...
+//		return writeJSON(w, http.StatusOK, out)
+//	}
+package pds
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// HTTP server timeouts. WriteTimeout bounds an ordinary response; methods
+// registered longRunning (streams, exports) clear it and manage per-write
+// deadlines themselves.
+const (
+	// ReadHeaderTimeout stops slow-loris clients that trickle headers.
+	ReadHeaderTimeout = 10 * time.Second
+	// ReadTimeout bounds reading a whole request, body included. A 2 MiB
+	// JSON body at a modest uplink fits easily.
+	ReadTimeout = 60 * time.Second
+	// WriteTimeout bounds writing an ordinary response.
+	WriteTimeout = 60 * time.Second
+	// IdleTimeout closes keep-alive connections nobody uses.
+	IdleTimeout = 120 * time.Second
+	// MaxHeaderBytes is generous for tokens (access JWTs, DPoP proofs) and
+	// far below net/http's 1 MiB default.
+	MaxHeaderBytes = 64 << 10
+)
+
+// Options are what New needs.
+type Options struct {
+	// Config is the finalized server configuration (config.Finalize and
+	// EnsureSecrets already called). Required.
+	Config *config.Config
+	// DB is the Postgres pool. Required.
+	DB *pgxpool.Pool
+	// Logger is the component logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Version is reported by /xrpc/_health and the banner.
+	Version string
+}
+
+// Server is the PDS's HTTP front: it owns the routes and the middleware,
+// not the listener (cmd/bulwark runs the http.Server from HTTPServer).
+type Server struct {
+	cfg     *config.Config
+	db      *pgxpool.Pool
+	logger  *slog.Logger
+	version string
+
+	mux     *http.ServeMux
+	handler http.Handler
+	// methods is filled by routes before the first request and only read
+	// afterwards, so it needs no lock.
+	methods map[string]*method
+	// unknownMethod answers /xrpc/ paths with no registered method:
+	// MethodNotImplemented, until the app-view proxy takes it over.
+	unknownMethod handlerFunc
+
+	shutdownMu    sync.Mutex
+	shutdownHooks []func()
+}
+
+// New builds a Server and registers its routes.
+func New(opts Options) (*Server, error) {
+	if opts.Config == nil {
+		return nil, errors.New("pds: no config")
+	}
+	if opts.DB == nil {
+		return nil, errors.New("pds: no database pool")
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	version := opts.Version
+	if version == "" {
+		version = "dev"
+	}
+	s := &Server{
+		cfg:           opts.Config,
+		db:            opts.DB,
+		logger:        logger,
+		version:       version,
+		mux:           http.NewServeMux(),
+		methods:       map[string]*method{},
+		unknownMethod: methodNotImplemented,
+	}
+	s.routes()
+	s.handler = s.observe(cors(s.mux))
+	return s, nil
+}
+
+// routes registers every method and path. XRPC methods: one line each,
+// grouped by lexicon namespace, handlers in the file of their group.
+func (s *Server) routes() {
+	// Operations.
+	s.query("_health", s.handleHealth)
+
+	// com.atproto.server
+	s.query("com.atproto.server.describeServer", s.handleDescribeServer)
+
+	// Paths outside /xrpc.
+	s.mux.HandleFunc("GET /{$}", s.handleRoot)
+	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
+	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
+	s.mux.HandleFunc("/", s.handleNotFound)
+}
+
+// Handler is the whole HTTP surface with its middleware, for an
+// http.Server or httptest.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// HTTPServer returns an http.Server for the configured listen address with
+// the timeouts above. The caller runs it (Serve) and stops it (Shutdown).
+func (s *Server) HTTPServer() *http.Server {
+	hs := &http.Server{
+		Addr:              s.cfg.Listen,
+		Handler:           s.handler,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+	}
+	hs.RegisterOnShutdown(s.runShutdownHooks)
+	return hs
+}
+
+// onShutdown registers f to run when the http.Server begins shutting down.
+// http.Server.Shutdown does not wait for hijacked connections (WebSockets),
+// so code that holds them registers here to close them.
+func (s *Server) onShutdown(f func()) {
+	s.shutdownMu.Lock()
+	defer s.shutdownMu.Unlock()
+	s.shutdownHooks = append(s.shutdownHooks, f)
+}
+
+func (s *Server) runShutdownHooks() {
+	s.shutdownMu.Lock()
+	hooks := s.shutdownHooks
+	s.shutdownHooks = nil
+	s.shutdownMu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = iota
+
+// RequestID returns the request id observe gave the request, or "".
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// requestIDFrom accepts a client's X-Request-Id when it is short and plain
+// (it is echoed and logged), else makes a new one.
+func requestIDFrom(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && isPlainToken(id) {
+		return id
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func isPlainToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.' || c == ':' || c == '/' || c == '+' || c == '='
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// observe is the outer middleware: request id, panic recovery and the
+// access log, in one place because all three share the response recorder.
+// The access log never records headers (Authorization, cookies) or the
+// query string.
+func (s *Server) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := requestIDFrom(r)
+		w.Header().Set("X-Request-Id", id)
+		ctx := context.WithValue(r.Context(), requestIDKey, id)
+		r = r.WithContext(ctx)
+		rec := &responseRecorder{ResponseWriter: w}
+
+		defer func() {
+			status := rec.status
+			if status == 0 {
+				// The handler wrote nothing: net/http sends 200.
+				status = http.StatusOK
+			}
+			level := slog.LevelInfo
+			if r.URL.Path == "/xrpc/_health" {
+				level = slog.LevelDebug
+			}
+			s.logger.LogAttrs(ctx, level, "request",
+				slog.String("request_id", id),
+				slog.String("method", r.Method),
+				slog.String("path", r.URL.Path),
+				slog.Int("status", status),
+				slog.Int64("bytes", rec.bytes),
+				slog.Duration("duration", time.Since(start)),
+				slog.String("client", s.clientIP(r).String()),
+				slog.String("user_agent", r.UserAgent()),
+			)
+		}()
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				// net/http's way to abort a response silently.
+				panic(v)
+			}
+			s.logger.Error("panic in handler", "request_id", id, "path", r.URL.Path,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			if rec.wroteHeader || rec.hijacked {
+				// Too late for an error body; make sure the client does not
+				// take a truncated response for a complete one.
+				panic(http.ErrAbortHandler)
+			}
+			s.writeError(rec, r, InternalServerError())
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// responseRecorder notes the status and size of a response for the log and
+// for deciding whether an error can still be written. It passes Flush and
+// Hijack through (Hijack for gorilla/websocket, which asserts the
+// interface) and Unwrap for http.ResponseController.
+type responseRecorder struct {
+	http.ResponseWriter
+	status      int
+	bytes       int64
+	wroteHeader bool
+	hijacked    bool
+}
+
+func (rw *responseRecorder) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational responses (103 Early Hints) come before the real one.
+		rw.ResponseWriter.WriteHeader(code)
+		return
+	}
+	if !rw.wroteHeader {
+		rw.status = code
+		rw.wroteHeader = true
+	}
+	rw.ResponseWriter.WriteHeader(code)
+}
+
+func (rw *responseRecorder) Write(b []byte) (int, error) {
+	if !rw.wroteHeader {
+		rw.WriteHeader(http.StatusOK)
+	}
+	n, err := rw.ResponseWriter.Write(b)
+	rw.bytes += int64(n)
+	return n, err
+}
+
+// Flush sends buffered data to the client.
+func (rw *responseRecorder) Flush() {
+	_ = http.NewResponseController(rw.ResponseWriter).Flush()
+}
+
+// Hijack hands the connection to the caller (WebSocket upgrade).
+func (rw *responseRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(rw.ResponseWriter).Hijack()
+	if err == nil {
+		rw.hijacked = true
+		rw.status = http.StatusSwitchingProtocols
+	}
+	return conn, brw, err
+}
+
+// Unwrap exposes the underlying writer to http.ResponseController.
+func (rw *responseRecorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
+
+// CORS: the Bluesky web app and other browser clients call the PDS from
+// another origin. Every response may be read by any origin (no cookies are
+// used, so "*" is safe); preflight requests are answered here, before
+// routing, and allow whatever headers the browser asks for, as the
+// reference PDS does: clients add atproto headers over time
+// (atproto-proxy, atproto-accept-labelers, DPoP) and a fixed list would
+// break them one by one.
+const (
+	corsAllowMethods   = "GET, HEAD, POST, OPTIONS"
+	corsDefaultHeaders = "Authorization, Content-Type, atproto-proxy, atproto-accept-labelers, DPoP"
+	corsExposeHeaders  = "RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset, RateLimit-Policy, Retry-After, " +
+		"atproto-repo-rev, atproto-content-labelers, DPoP-Nonce, WWW-Authenticate, Content-Language, X-Request-Id"
+	corsMaxAge = "86400"
+)
+
+func cors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
+		if r.Method != http.MethodOptions {
+			next.ServeHTTP(w, r)
+			return
+		}
+		h.Set("Access-Control-Allow-Methods", corsAllowMethods)
+		if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+			h.Set("Access-Control-Allow-Headers", req)
+			h.Add("Vary", "Access-Control-Request-Headers")
+		} else {
+			h.Set("Access-Control-Allow-Headers", corsDefaultHeaders)
+		}
+		h.Set("Access-Control-Max-Age", corsMaxAge)
+		h.Set("Allow", corsAllowMethods)
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// clientIP is the address a request came from: the TCP peer, or, when the
+// peer is a trusted proxy, the nearest address in X-Forwarded-For that is
+// not one. Walking from the right matters: everything left of the last
+// trusted hop was written by the client and may be forged.
+func (s *Server) clientIP(r *http.Request) netip.Addr {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addr := peer.Addr().Unmap()
+	if !s.trusted(addr) {
+		return addr
+	}
+	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break
+		}
+		hop = hop.Unmap()
+		if !s.trusted(hop) {
+			return hop
+		}
+		addr = hop
+	}
+	return addr
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,484 @@
+package pds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// XRPCError is an error answered to the client as the XRPC error body
+// {"error": Name, "message": Message} with HTTP status Status. Handlers
+// return one (or a domain error that xrpcErrorFor maps to one).
+type XRPCError struct {
+	// Status is the HTTP status code.
+	Status int
+	// Name is the machine-readable error name, like InvalidRequest.
+	Name string
+	// Message is for humans; it is sent to the client, so it must not
+	// carry secrets or internal details.
+	Message string
+	// Header holds extra response headers, like Retry-After.
+	Header http.Header
+	// Err is the underlying cause. It is logged, never sent.
+	Err error
+}
+
+// Error implements error.
+func (e *XRPCError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Name, e.Message, e.Err)
+	}
+	return e.Name + ": " + e.Message
+}
+
+// Unwrap returns the cause, so errors.Is sees through an XRPCError.
+func (e *XRPCError) Unwrap() error { return e.Err }
+
+// xrpcErrorBody is the wire form of an XRPCError.
+type xrpcErrorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
+}
+
+func newError(status int, name, format string, args ...any) *XRPCError {
+	msg := format
+	if len(args) > 0 {
+		msg = fmt.Sprintf(format, args...)
+	}
+	return &XRPCError{Status: status, Name: name, Message: msg}
+}
+
+// InvalidRequest is the generic 400 for input that is malformed or breaks a
+// rule; the message says which.
+func InvalidRequest(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "InvalidRequest", format, args...)
+}
+
+// AuthRequired is a 401 for a request that needs credentials and has none
+// (or the wrong kind). Its name is the one the reference server uses.
+func AuthRequired(format string, args ...any) *XRPCError {
+	return newError(http.StatusUnauthorized, "AuthenticationRequired", format, args...)
+}
+
+// InvalidToken is a 401 for a token that does not verify.
+func InvalidToken(format string, args ...any) *XRPCError {
+	return newError(http.StatusUnauthorized, "InvalidToken", format, args...)
+}
+
+// ExpiredToken is a 401 for a token past its expiry; clients refresh on it.
+func ExpiredToken(format string, args ...any) *XRPCError {
+	return newError(http.StatusUnauthorized, "ExpiredToken", format, args...)
+}
+
+// Forbidden is a 403 for an authenticated caller who may not do this.
+func Forbidden(format string, args ...any) *XRPCError {
+	return newError(http.StatusForbidden, "Forbidden", format, args...)
+}
+
+// RecordNotFound is the 400 the lexicons specify for a missing record.
+func RecordNotFound(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "RecordNotFound", format, args...)
+}
+
+// RepoNotFound is the 400 the lexicons specify for an unknown repo.
+func RepoNotFound(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "RepoNotFound", format, args...)
+}
+
+// InvalidSwap is the 400 for a swapCommit/swapRecord that no longer matches.
+func InvalidSwap(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "InvalidSwap", format, args...)
+}
+
+// NotFound is a 404 for a path that is not an XRPC method.
+func NotFound(format string, args ...any) *XRPCError {
+	return newError(http.StatusNotFound, "NotFound", format, args...)
+}
+
+// MethodNotImplemented is the 501 for an XRPC method this server does not
+// serve.
+func MethodNotImplemented(format string, args ...any) *XRPCError {
+	return newError(http.StatusNotImplemented, "MethodNotImplemented", format, args...)
+}
+
+// MethodNotAllowed is the 405 for a query called with POST or a procedure
+// called with GET. allow is the verb list for the Allow header. The name is
+// InvalidRequest: XRPC has no name of its own for this, and clients know
+// that one.
+func MethodNotAllowed(allow, format string, args ...any) *XRPCError {
+	e := newError(http.StatusMethodNotAllowed, "InvalidRequest", format, args...)
+	e.Header = http.Header{"Allow": {allow}}
+	return e
+}
+
+// PayloadTooLarge is the 413 for a request body over the method's limit.
+func PayloadTooLarge(format string, args ...any) *XRPCError {
+	return newError(http.StatusRequestEntityTooLarge, "PayloadTooLarge", format, args...)
+}
+
+// RateLimitExceeded is the 429 for a client over a rate limit; retryAfter
+// becomes the Retry-After header (whole seconds, rounded up).
+func RateLimitExceeded(retryAfter time.Duration, format string, args ...any) *XRPCError {
+	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", format, args...)
+	secs := int64((retryAfter + time.Second - 1) / time.Second)
+	e.Header = http.Header{"Retry-After": {strconv.FormatInt(max(secs, 1), 10)}}
+	return e
+}
+
+// NotEnoughResources is the 503 for work refused because the server is
+// saturated (a full wait queue), as opposed to a client over its limit.
+func NotEnoughResources(format string, args ...any) *XRPCError {
+	return newError(http.StatusServiceUnavailable, "NotEnoughResources", format, args...)
+}
+
+// UpstreamFailure is the 502 for a proxied service that failed.
+func UpstreamFailure(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadGateway, "UpstreamFailure", format, args...)
+}
+
+// InternalServerError is the 500 for everything unexpected. Its message is
+// deliberately generic; the cause goes to the log with the request id.
+func InternalServerError() *XRPCError {
+	return newError(http.StatusInternalServerError, "InternalServerError", "internal server error")
+}
+
+// xrpcErrorFor maps any error a handler returns to the XRPC error the client
+// gets. It is the one place where domain errors meet HTTP: extend it with an
+// errors.Is case per domain sentinel, e.g.
+//
+//	case errors.Is(err, repo.ErrRecordNotFound):
+//		return RecordNotFound("%v", err)
+//
+// Anything unmatched is a 500 with a generic message.
+func xrpcErrorFor(err error) *XRPCError {
+	var xe *XRPCError
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &xe):
+		return xe
+	case errors.As(err, &tooLarge):
+		return PayloadTooLarge("request body is larger than %d bytes", tooLarge.Limit)
+
+	// Domain sentinels go here, most specific first.
+
+	default:
+		e := InternalServerError()
+		e.Err = err
+		return e
+	}
+}
+
+// writeError answers err as an XRPC error. A 500 is logged with its cause
+// and the request id, since the client only sees a generic message. If the
+// handler already started its response, the error can only be logged.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	xe := xrpcErrorFor(err)
+	logger := s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
+	if xe.Status >= 500 {
+		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+			// The client went away; nobody is waiting for the answer.
+			logger.Debug("request canceled", "error", err)
+		} else {
+			logger.Error("request failed", "status", xe.Status, "error", err)
+		}
+	} else {
+		logger.Debug("request refused", "status", xe.Status, "error", xe.Name, "message", xe.Message)
+	}
+	if rec, ok := w.(*responseRecorder); ok && rec.wroteHeader {
+		logger.Warn("error after the response started; cannot report it to the client", "error", err)
+		return
+	}
+	for k, vs := range xe.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	_ = writeJSON(w, xe.Status, xrpcErrorBody{Error: xe.Name, Message: xe.Message})
+}
+
+// writeJSON answers v as JSON with status. It marshals before writing, so a
+// value that cannot be encoded becomes a returned error (and then a 500)
+// rather than half a response.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode response: %w", err)
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+	return nil
+}
+
+// decodeJSON reads a JSON procedure body into dst. Bad input is an
+// InvalidRequest saying what is wrong (where the syntax breaks, which field
+// has the wrong type); a body over the limit is a PayloadTooLarge. Unknown
+// fields are accepted: lexicons grow, and clients send fields newer than
+// this server.
+func decodeJSON(r *http.Request, dst any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return InvalidRequest("request body must be application/json, not %q", ct)
+		}
+	}
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(dst); err != nil {
+		return jsonError(err)
+	}
+	var extra json.RawMessage
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return InvalidRequest("request body holds more than one JSON value")
+	default:
+		return jsonError(err)
+	}
+}
+
+func jsonError(err error) error {
+	var syntaxErr *json.SyntaxError
+	var typeErr *json.UnmarshalTypeError
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return PayloadTooLarge("request body is larger than %d bytes", tooLarge.Limit)
+	case errors.Is(err, io.EOF):
+		return InvalidRequest("request body is empty; want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return InvalidRequest("request body is truncated JSON")
+	case errors.As(err, &syntaxErr):
+		return InvalidRequest("malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case errors.As(err, &typeErr):
+		if typeErr.Field != "" {
+			return InvalidRequest("field %q: want %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
+		return InvalidRequest("want a JSON %s, got %s", typeErr.Type, typeErr.Value)
+	default:
+		return InvalidRequest("invalid JSON body: %v", err)
+	}
+}
+
+// params reads query parameters, remembering the first problem so that a
+// handler reads all of them and checks once:
+//
+//	p := queryParams(r)
+//	did := p.required("did")
+//	limit := p.intParam("limit", 50, 1, 100)
+//	if err := p.Err(); err != nil {
+//		return err
+//	}
+type params struct {
+	v   url.Values
+	err error
+}
+
+func queryParams(r *http.Request) *params {
+	return &params{v: r.URL.Query()}
+}
+
+// Err returns an InvalidRequest naming the first bad parameter, or nil.
+func (p *params) Err() error { return p.err }
+
+func (p *params) fail(format string, args ...any) {
+	if p.err == nil {
+		p.err = InvalidRequest(format, args...)
+	}
+}
+
+// optional returns the parameter or "".
+func (p *params) optional(name string) string { return p.v.Get(name) }
+
+// required returns the parameter, recording an error when it is missing or
+// empty.
+func (p *params) required(name string) string {
+	v := p.v.Get(name)
+	if v == "" {
+		p.fail("missing required parameter %q", name)
+	}
+	return v
+}
+
+// list returns every value of a repeated parameter (?cids=a&cids=b).
+func (p *params) list(name string) []string { return p.v[name] }
+
+// intParam returns an integer parameter within [lo, hi], or def when it is
+// absent. Out of range is an error rather than clamped, as in the reference
+// server, so that a client learns its limit is not honoured.
+func (p *params) intParam(name string, def, lo, hi int64) int64 {
+	raw := p.v.Get(name)
+	if raw == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		p.fail("parameter %q must be an integer, not %q", name, raw)
+		return def
+	}
+	if n < lo || n > hi {
+		p.fail("parameter %q must be between %d and %d, not %d", name, lo, hi, n)
+		return def
+	}
+	return n
+}
+
+// boolParam returns a boolean parameter ("true"/"false"), or def.
+func (p *params) boolParam(name string, def bool) bool {
+	switch raw := p.v.Get(name); raw {
+	case "":
+		return def
+	case "true":
+		return true
+	case "false":
+		return false
+	default:
+		p.fail("parameter %q must be true or false, not %q", name, raw)
+		return def
+	}
+}
+
+// did returns a required DID parameter, parsed.
+func (p *params) did(name string) syntax.DID {
+	raw := p.required(name)
+	if raw == "" {
+		return ""
+	}
+	d, err := syntax.ParseDID(raw)
+	if err != nil {
+		p.fail("parameter %q: %v", name, err)
+	}
+	return d
+}
+
+// methodKind says which HTTP verbs an XRPC method answers.
+type methodKind int
+
+const (
+	// kindQuery is a read: GET, and HEAD which runs exactly the GET path
+	// (net/http discards the body).
+	kindQuery methodKind = iota
+	// kindProcedure is a write: POST.
+	kindProcedure
+)
+
+// handlerFunc is an XRPC handler. It writes its own success response
+// (usually with writeJSON) and returns an error otherwise, which the router
+// maps to an XRPC error through xrpcErrorFor.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// method is one registered XRPC method.
+type method struct {
+	nsid        string
+	kind        methodKind
+	handler     handlerFunc
+	maxBody     int64
+	longRunning bool
+}
+
+// methodOption adjusts a method at registration.
+type methodOption func(*method)
+
+// withMaxBody sets the method's body limit (default: the configured
+// MaxJSONBody), e.g. for uploadBlob or importRepo.
+func withMaxBody(n int64) methodOption {
+	return func(m *method) { m.maxBody = n }
+}
+
+// longRunning lifts the server's read and write deadlines for the method.
+// The http.Server's WriteTimeout counts from the end of the request headers
+// and would cut off a streaming response (subscribeRepos, a large getRepo,
+// a blob) part-way; such handlers must set their own per-write deadlines
+// instead (gorilla/websocket's SetWriteDeadline, or a ResponseController
+// before each chunk), so that a client that stops reading is still dropped.
+func longRunning() methodOption {
+	return func(m *method) { m.longRunning = true }
+}
+
+// query registers an XRPC query (GET/HEAD). It panics on a duplicate or a
+// malformed name: both are programming errors found at start-up.
+func (s *Server) query(nsid string, h handlerFunc, opts ...methodOption) {
+	s.register(nsid, kindQuery, h, opts)
+}
+
+// procedure registers an XRPC procedure (POST).
+func (s *Server) procedure(nsid string, h handlerFunc, opts ...methodOption) {
+	s.register(nsid, kindProcedure, h, opts)
+}
+
+func (s *Server) register(nsid string, kind methodKind, h handlerFunc, opts []methodOption) {
+	if _, err := syntax.ParseNSID(nsid); err != nil && !strings.HasPrefix(nsid, "_") {
+		panic(fmt.Sprintf("pds: register %q: %v", nsid, err))
+	}
+	if _, dup := s.methods[nsid]; dup {
+		panic(fmt.Sprintf("pds: %q registered twice", nsid))
+	}
+	m := &method{nsid: nsid, kind: kind, handler: h, maxBody: s.cfg.MaxJSONBody}
+	for _, o := range opts {
+		o(m)
+	}
+	s.methods[nsid] = m
+}
+
+// serveXRPC routes /xrpc/<nsid> to its method.
+func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
+	nsid := strings.TrimPrefix(r.URL.Path, "/xrpc/")
+	m, ok := s.methods[nsid]
+	if !ok {
+		if err := s.unknownMethod(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+		return
+	}
+	switch {
+	case m.kind == kindQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+	case m.kind == kindProcedure && r.Method == http.MethodPost:
+		if r.ContentLength > m.maxBody {
+			// Refuse on the declared length before reading a byte.
+			s.writeError(w, r, PayloadTooLarge("request body is %d bytes; the limit for %s is %d", r.ContentLength, nsid, m.maxBody))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+	case m.kind == kindQuery:
+		s.writeError(w, r, MethodNotAllowed("GET, HEAD", "%s is a query: use GET", nsid))
+		return
+	default:
+		s.writeError(w, r, MethodNotAllowed("POST", "%s is a procedure: use POST", nsid))
+		return
+	}
+	if m.longRunning {
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Time{}); err != nil {
+			s.logger.Debug("cannot clear write deadline", "error", err)
+		}
+		if err := rc.SetReadDeadline(time.Time{}); err != nil {
+			s.logger.Debug("cannot clear read deadline", "error", err)
+		}
+	}
+	if err := m.handler(w, r); err != nil {
+		s.writeError(w, r, err)
+	}
+}
+
+// methodNotImplemented answers any /xrpc/ path with no registered method.
+// It is the default of Server.unknownMethod; the app-view proxy replaces it.
+func methodNotImplemented(_ http.ResponseWriter, r *http.Request) error {
+	name := strings.TrimPrefix(r.URL.Path, "/xrpc/")
+	if len(name) > 128 {
+		name = name[:128] + "…"
+	}
+	return MethodNotImplemented("method %q is not implemented by this server", name)
+}

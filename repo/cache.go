@@ -1,0 +1,76 @@
+package repo
+
+import (
+	"container/list"
+	"sync"
+
+	"github.com/bluesky-social/indigo/atproto/repo/mst"
+	"github.com/ipfs/go-cid"
+)
+
+// repoState is a repository's MST, decoded, with the bytes of every node (so
+// that the nodes a commit drops can be found without the old tree, which
+// the MST mutates in place).
+type repoState struct {
+	did   string
+	data  cid.Cid
+	tree  *mst.Tree
+	nodes nodeSource
+	size  int64
+}
+
+// treeCache keeps recently written repositories' trees, bounded by node
+// bytes, least recently used out first. A writer takes a state out (so no
+// one else can see it mid-mutation) and puts the new one back only after its
+// commit is stored; a failed commit simply leaves the repo uncached.
+type treeCache struct {
+	mu    sync.Mutex
+	max   int64
+	used  int64
+	order *list.List // of *repoState, front = most recent
+	byDID map[string]*list.Element
+}
+
+func newTreeCache(max int64) *treeCache {
+	return &treeCache{max: max, order: list.New(), byDID: map[string]*list.Element{}}
+}
+
+// take removes and returns did's cached state if it is at root data.
+func (c *treeCache) take(did string, data cid.Cid) *repoState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byDID[did]
+	if !ok {
+		return nil
+	}
+	c.remove(el)
+	st := el.Value.(*repoState)
+	if !st.data.Equals(data) {
+		// Another process wrote this repo since; the state is stale.
+		return nil
+	}
+	return st
+}
+
+func (c *treeCache) put(st *repoState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byDID[st.did]; ok {
+		c.remove(el)
+	}
+	if st.size > c.max {
+		return
+	}
+	c.byDID[st.did] = c.order.PushFront(st)
+	c.used += st.size
+	for c.used > c.max {
+		c.remove(c.order.Back())
+	}
+}
+
+func (c *treeCache) remove(el *list.Element) {
+	st := el.Value.(*repoState)
+	c.order.Remove(el)
+	delete(c.byDID, st.did)
+	c.used -= st.size
+}

@@ -1,0 +1,13 @@
+// Package repo is Bulwark's repository engine: signed atproto repositories
+// stored in Postgres.
+//
+// A write (Engine.Apply) runs as one Postgres transaction: it locks the
+// account's repo_roots row, reads the root inside the lock, applies the
+// operations to the MST with indigo's atproto/repo/mst, checks every protocol
+// size limit on the exact bytes that would be sent to relays, and then stores
+// the new MST nodes, records, root and #commit event together. Nothing is
+// written when any check fails.
+//
+// The package knows nothing about HTTP; handlers map its sentinel errors to
+// XRPC errors.
+package repo

@@ -1,0 +1,701 @@
+package repo
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/atdata"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
+	"github.com/bluesky-social/indigo/atproto/repo/mst"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	lexutil "github.com/bluesky-social/indigo/lex/util"
+	"github.com/ipfs/go-cid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/multiformats/go-multihash"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+//go:embed queries.sql
+var queriesSQL string
+
+var queries = db.MustParseQueries(queriesSQL)
+
+var (
+	qLockRoot        = queries.MustGet("LockRoot")
+	qInsertRoot      = queries.MustGet("InsertRoot")
+	qUpdateRoot      = queries.MustGet("UpdateRoot")
+	qGetHead         = queries.MustGet("GetHead")
+	qLoadNodes       = queries.MustGet("LoadNodes")
+	qGetNode         = queries.MustGet("GetNode")
+	qInsertNodes     = queries.MustGet("InsertNodes")
+	qDeleteNodes     = queries.MustGet("DeleteNodes")
+	qUpsertRecords   = queries.MustGet("UpsertRecords")
+	qDeleteRecords   = queries.MustGet("DeleteRecords")
+	qGetRecord       = queries.MustGet("GetRecord")
+	qListRecordsAsc  = queries.MustGet("ListRecordsAsc")
+	qListRecordsDesc = queries.MustGet("ListRecordsDesc")
+	qListCollections = queries.MustGet("ListCollections")
+	qExportNodes     = queries.MustGet("ExportNodes")
+	qExportRecords   = queries.MustGet("ExportRecords")
+	qGetBlockByCID   = queries.MustGet("GetBlockByCID")
+	qCountRecords    = queries.MustGet("CountRecords")
+)
+
+// KeySource gives the engine an account's repository signing key.
+type KeySource interface {
+	SigningKey(ctx context.Context, did syntax.DID) (atcrypto.PrivateKey, error)
+}
+
+// Waker is told when a commit has been stored (the firehose sequencer).
+type Waker interface {
+	Wake()
+}
+
+// RecordBlobs lists the blobs one record references after a commit (none
+// for a deleted record).
+type RecordBlobs struct {
+	Collection syntax.NSID
+	RKey       syntax.RecordKey
+	Blobs      []atdata.Blob
+}
+
+// BlobTracker keeps blob references in step with records. It is called
+// inside the commit's transaction, after the records are written, with every
+// record the commit touched; an error (for example a reference to a blob the
+// account never uploaded) aborts the whole commit.
+type BlobTracker interface {
+	TrackTx(ctx context.Context, tx pgx.Tx, did syntax.DID, rev string, changes []RecordBlobs) error
+}
+
+// Config tunes the engine. The zero value works.
+type Config struct {
+	// Blobs, when set, is told which blobs each commit's records reference.
+	Blobs BlobTracker
+	// CacheBytes bounds the MST node bytes kept in memory across repos
+	// (default 64 MiB). Decoded trees take a few times more.
+	CacheBytes int64
+	Logger     *slog.Logger
+}
+
+// Engine reads and writes repositories.
+type Engine struct {
+	blobs BlobTracker
+	pool  *pgxpool.Pool
+	keys  KeySource
+	waker Waker
+	cache *treeCache
+	clock *syntax.TIDClock
+	log   *slog.Logger
+}
+
+// New returns an engine over pool. waker may be nil.
+func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
+	if cfg.CacheBytes <= 0 {
+		cfg.CacheBytes = 64 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Engine{
+		blobs: cfg.Blobs,
+		pool:  pool,
+		keys:  keys,
+		waker: waker,
+		cache: newTreeCache(cfg.CacheBytes),
+		clock: syntax.NewTIDClock(0),
+		log:   cfg.Logger.With("component", "repo"),
+	}
+}
+
+// Action is what a Write does.
+type Action string
+
+// The three write actions of com.atproto.repo.applyWrites.
+const (
+	ActionCreate Action = "create"
+	ActionUpdate Action = "update"
+	ActionDelete Action = "delete"
+)
+
+// Swap is a compare-and-swap condition on a record: the write applies only
+// if the record's current CID is CID, or, with CID nil, only if there is no
+// record at the path.
+type Swap struct {
+	CID *cid.Cid
+}
+
+// Write is one operation of a commit.
+type Write struct {
+	Action     Action
+	Collection syntax.NSID
+	// RKey may be empty on create: the engine assigns a TID.
+	RKey syntax.RecordKey
+	// Record is the record's data (create and update), as parsed by
+	// atdata.UnmarshalJSON. Its $type must equal Collection.
+	Record map[string]any
+	// SwapRecord, when set, must match the record's current state.
+	SwapRecord *Swap
+}
+
+// WriteResult reports one applied write.
+type WriteResult struct {
+	Action     Action
+	Collection syntax.NSID
+	RKey       syntax.RecordKey
+	// CID is the new record's CID; undefined for deletes.
+	CID cid.Cid
+}
+
+// CommitResult reports a stored commit.
+type CommitResult struct {
+	Commit  cid.Cid
+	Rev     string
+	Results []WriteResult
+}
+
+// Head is a repository's current commit.
+type Head struct {
+	Commit      cid.Cid
+	CommitBytes []byte
+	Data        cid.Cid
+	Rev         string
+}
+
+var cidBuilder = cid.NewPrefixV1(cid.DagCBOR, multihash.SHA2_256)
+
+// preparedWrite is a Write with its record encoded and its path fixed.
+type preparedWrite struct {
+	Write
+	path  string
+	cid   cid.Cid
+	block []byte
+}
+
+// prepare encodes records and checks every limit that does not need the
+// tree, before any lock is taken.
+func (e *Engine) prepare(writes []Write) ([]preparedWrite, error) {
+	if len(writes) < 1 || len(writes) > MaxCommitOps {
+		return nil, &LimitError{Limit: LimitCommitOps, Size: len(writes), Max: MaxCommitOps}
+	}
+	out := make([]preparedWrite, len(writes))
+	seen := make(map[string]bool, len(writes))
+	for i, w := range writes {
+		pw := preparedWrite{Write: w}
+		switch w.Action {
+		case ActionCreate:
+			if pw.RKey == "" {
+				pw.RKey = syntax.RecordKey(e.clock.Next().String())
+			}
+		case ActionUpdate, ActionDelete:
+			if pw.RKey == "" {
+				return nil, fmt.Errorf("%w: %s of %s needs an rkey", ErrInvalidWrite, w.Action, w.Collection)
+			}
+		default:
+			return nil, fmt.Errorf("%w: unknown action %q", ErrInvalidWrite, w.Action)
+		}
+		if _, err := syntax.ParseNSID(string(w.Collection)); err != nil {
+			return nil, fmt.Errorf("%w: collection %q: %v", ErrInvalidWrite, w.Collection, err)
+		}
+		if _, err := syntax.ParseRecordKey(string(pw.RKey)); err != nil {
+			return nil, fmt.Errorf("%w: record key %q: %v", ErrInvalidWrite, pw.RKey, err)
+		}
+		pw.path = string(w.Collection) + "/" + string(pw.RKey)
+		if !mst.IsValidKey([]byte(pw.path)) {
+			return nil, fmt.Errorf("%w: %q is not a valid repository path", ErrInvalidWrite, pw.path)
+		}
+		if seen[pw.path] {
+			return nil, fmt.Errorf("%w: %s is written twice in one commit", ErrInvalidWrite, pw.path)
+		}
+		seen[pw.path] = true
+		if w.Action != ActionDelete {
+			block, c, err := encodeRecord(pw.path, w.Collection, w.Record)
+			if err != nil {
+				return nil, err
+			}
+			pw.block, pw.cid = block, c
+		}
+		out[i] = pw
+	}
+	return out, nil
+}
+
+// encodeRecord checks a record's data and encodes it as a DAG-CBOR block,
+// enforcing the per-record limits on the encoded bytes.
+func encodeRecord(path string, collection syntax.NSID, rec map[string]any) ([]byte, cid.Cid, error) {
+	if rec == nil {
+		return nil, cid.Undef, fmt.Errorf("%w: %s has no record", ErrInvalidWrite, path)
+	}
+	typ, _ := rec["$type"].(string)
+	if typ != string(collection) {
+		return nil, cid.Undef, fmt.Errorf("%w: record $type %q does not match collection %q", ErrInvalidWrite, typ, collection)
+	}
+	if err := atdata.Validate(rec); err != nil {
+		return nil, cid.Undef, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, path, err)
+	}
+	block, err := atdata.MarshalCBOR(rec)
+	if err != nil {
+		return nil, cid.Undef, fmt.Errorf("%w: %s cannot be encoded as DAG-CBOR: %v", ErrInvalidWrite, path, err)
+	}
+	if len(block) > MaxRecordCBORBytes {
+		return nil, cid.Undef, &LimitError{Limit: LimitRecordCBOR, Path: path, Size: len(block), Max: MaxRecordCBORBytes}
+	}
+	if len(block) > MaxCommitRecordBlockBytes {
+		return nil, cid.Undef, &LimitError{Limit: LimitRecordBlock, Path: path, Size: len(block), Max: MaxCommitRecordBlockBytes}
+	}
+	c, err := cidBuilder.Sum(block)
+	if err != nil {
+		return nil, cid.Undef, err
+	}
+	return block, c, nil
+}
+
+// Apply commits writes to did's repository as one signed commit and appends
+// its #commit event, in one transaction. swapCommit, when set, must be the
+// current commit. Nothing is stored if any check fails. A commit whose writes
+// change nothing (updates to identical records) is not stored; the current
+// head is returned.
+func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swapCommit *cid.Cid) (*CommitResult, error) {
+	prepared, err := e.prepare(writes)
+	if err != nil {
+		return nil, err
+	}
+	key, err := e.keys.SigningKey(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	var res *CommitResult
+	var newState *repoState
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		res, newState, err = e.applyTx(ctx, tx, did, key, prepared, swapCommit)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if newState != nil {
+		e.cache.put(newState)
+		if e.waker != nil {
+			e.waker.Wake()
+		}
+	}
+	return res, nil
+}
+
+func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, error) {
+	var commitRaw, dataRaw []byte
+	var oldRev string
+	err := tx.QueryRow(ctx, qLockRoot, did.String()).Scan(&commitRaw, &dataRaw, &oldRev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("locking repo root: %w", db.Translate(err))
+	}
+	oldCommit, err := cid.Cast(commitRaw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: commit cid: %v", ErrCorruptRepo, err)
+	}
+	oldData, err := cid.Cast(dataRaw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: data cid: %v", ErrCorruptRepo, err)
+	}
+	if swapCommit != nil && !swapCommit.Equals(oldCommit) {
+		return nil, nil, fmt.Errorf("%w: the repo's commit is %s, not %s", ErrInvalidSwap, oldCommit, swapCommit)
+	}
+
+	st, err := e.loadState(ctx, tx, did.String(), oldData)
+	if err != nil {
+		return nil, nil, err
+	}
+	// From here on st.tree is mutated: it goes back into the cache only if
+	// the commit is stored.
+
+	var ops []*comatproto.SyncSubscribeRepos_RepoOp
+	results := make([]WriteResult, 0, len(writes))
+	var upserts, deletes []preparedWrite
+	for _, w := range writes {
+		var val *cid.Cid
+		if w.Action != ActionDelete {
+			c := w.cid
+			val = &c
+		}
+		op, err := atrepo.ApplyOp(st.tree, w.path, val)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, w.path, err)
+		}
+		if w.SwapRecord != nil && !sameCID(w.SwapRecord.CID, op.Prev) {
+			return nil, nil, fmt.Errorf("%w: record %s is %s, not %s", ErrInvalidSwap, w.path, cidString(op.Prev), cidString(w.SwapRecord.CID))
+		}
+		res := WriteResult{Action: w.Action, Collection: w.Collection, RKey: w.RKey, CID: w.cid}
+		switch {
+		case w.Action == ActionCreate && op.Prev != nil:
+			return nil, nil, fmt.Errorf("%w: %s", ErrRecordExists, w.path)
+		case w.Action == ActionDelete && op.Prev == nil:
+			return nil, nil, fmt.Errorf("%w: %s", ErrRecordNotFound, w.path)
+		case w.Action == ActionUpdate && op.Prev == nil:
+			// putRecord on a missing record creates it.
+			res.Action = ActionCreate
+		case w.Action == ActionUpdate && op.Prev.Equals(w.cid):
+			// Identical record: no operation to report.
+			results = append(results, res)
+			continue
+		}
+		results = append(results, res)
+		rop := &comatproto.SyncSubscribeRepos_RepoOp{Action: string(res.Action), Path: w.path}
+		if val != nil {
+			l := lexutil.LexLink(*val)
+			rop.Cid = &l
+		}
+		if op.Prev != nil {
+			l := lexutil.LexLink(*op.Prev)
+			rop.Prev = &l
+		}
+		ops = append(ops, rop)
+		if w.Action == ActionDelete {
+			deletes = append(deletes, w)
+		} else {
+			upserts = append(upserts, w)
+		}
+	}
+	if len(ops) == 0 {
+		return &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}, nil, nil
+	}
+
+	// INDIGO.md trap 1: write the diff before asking for the root.
+	diff := newDiffCollector()
+	root, err := st.tree.WriteDiffBlocks(ctx, diff)
+	if err != nil {
+		return nil, nil, fmt.Errorf("writing MST diff: %w", err)
+	}
+
+	rev := e.nextRev(oldRev)
+	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: *root, Rev: rev}
+	if err := commit.Sign(key); err != nil {
+		return nil, nil, fmt.Errorf("signing commit: %w", err)
+	}
+	var cbuf bytes.Buffer
+	if err := commit.MarshalCBOR(&cbuf); err != nil {
+		return nil, nil, fmt.Errorf("encoding commit: %w", err)
+	}
+	commitBytes := cbuf.Bytes()
+	commitCID, err := cidBuilder.Sum(commitBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	// The CAR relays receive: commit, new records, then MST nodes (new ones
+	// and the unchanged neighbours indigo marks as proof).
+	car := newCARBuilder(commitCID)
+	car.add(commitCID, commitBytes)
+	recordBytes := 0
+	for _, w := range upserts {
+		if car.add(w.cid, w.block) {
+			recordBytes += len(w.block)
+		}
+	}
+	nodeCIDs := make([][]byte, 0, len(diff.blocks))
+	nodeData := make([][]byte, 0, len(diff.blocks))
+	for _, b := range diff.blocks {
+		car.add(b.Cid(), b.RawData())
+		nodeCIDs = append(nodeCIDs, b.Cid().Bytes())
+		nodeData = append(nodeData, b.RawData())
+	}
+	carBytes := car.bytes()
+	if len(carBytes) > MaxCommitBlocksBytes {
+		return nil, nil, &LimitError{
+			Limit: LimitCommitBlocks, Size: len(carBytes), Max: MaxCommitBlocksBytes,
+			Detail: fmt.Sprintf("%d records totalling %s bytes", len(upserts), commas(recordBytes)),
+		}
+	}
+
+	since := oldRev
+	prevData := lexutil.LexLink(oldData)
+	ev, err := firehose.EncodeCommit(&comatproto.SyncSubscribeRepos_Commit{
+		Repo:     did.String(),
+		Commit:   lexutil.LexLink(commitCID),
+		Rev:      rev,
+		Since:    &since,
+		Blocks:   carBytes,
+		Ops:      ops,
+		Blobs:    []lexutil.LexLink{},
+		Time:     syntax.DatetimeNow().String(),
+		PrevData: &prevData,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if ev.FrameSize() > MaxFrameBytes {
+		return nil, nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
+	}
+
+	removed, err := removedNodes(st.nodes, oldData, diff)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	batch := &pgx.Batch{}
+	if len(removed) > 0 {
+		rm := make([][]byte, len(removed))
+		for i, c := range removed {
+			rm[i] = c.Bytes()
+		}
+		batch.Queue(qDeleteNodes, did.String(), rm)
+	}
+	batch.Queue(qInsertNodes, did.String(), nodeCIDs, rev, nodeData)
+	if len(deletes) > 0 {
+		cols, rkeys := make([]string, len(deletes)), make([]string, len(deletes))
+		for i, w := range deletes {
+			cols[i], rkeys[i] = string(w.Collection), string(w.RKey)
+		}
+		batch.Queue(qDeleteRecords, did.String(), cols, rkeys)
+	}
+	if len(upserts) > 0 {
+		n := len(upserts)
+		cols, rkeys, cids, datas := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n)
+		for i, w := range upserts {
+			cols[i], rkeys[i], cids[i], datas[i] = string(w.Collection), string(w.RKey), w.cid.Bytes(), w.block
+		}
+		batch.Queue(qUpsertRecords, did.String(), rev, cols, rkeys, cids, datas)
+	}
+	batch.Queue(qUpdateRoot, did.String(), commitCID.Bytes(), commitBytes, root.Bytes(), rev)
+	firehose.QueueAppend(batch, ev)
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
+	}
+	if e.blobs != nil {
+		changes := make([]RecordBlobs, 0, len(upserts)+len(deletes))
+		for _, w := range upserts {
+			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record)})
+		}
+		for _, w := range deletes {
+			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
+		}
+		if err := e.blobs.TrackTx(ctx, tx, did, rev, changes); err != nil {
+			return nil, nil, err
+		}
+	}
+
+	for _, c := range removed {
+		st.size -= int64(len(st.nodes[c]))
+		delete(st.nodes, c)
+	}
+	for _, b := range diff.blocks {
+		if _, ok := st.nodes[b.Cid()]; !ok {
+			st.nodes[b.Cid()] = b.RawData()
+			st.size += int64(len(b.RawData()))
+		}
+	}
+	st.data = *root
+	return &CommitResult{Commit: commitCID, Rev: rev, Results: results}, st, nil
+}
+
+// nextRev returns a TID above both the clock and the previous rev, so revs
+// increase per repo even if the wall clock steps back or another process
+// wrote last.
+func (e *Engine) nextRev(prev string) string {
+	rev := e.clock.Next()
+	if prev != "" && rev.String() <= prev {
+		if t, err := syntax.ParseTID(prev); err == nil {
+			c := syntax.ClockFromTID(t)
+			rev = c.Next()
+		}
+	}
+	return rev.String()
+}
+
+// loadState returns did's tree at data: from the cache when it holds that
+// exact root, otherwise from Postgres in one query.
+func (e *Engine) loadState(ctx context.Context, q pgx.Tx, did string, data cid.Cid) (*repoState, error) {
+	if st := e.cache.take(did, data); st != nil {
+		return st, nil
+	}
+	rows, err := q.Query(ctx, qLoadNodes, did)
+	if err != nil {
+		return nil, fmt.Errorf("loading MST nodes: %w", db.Translate(err))
+	}
+	nodes := nodeSource{}
+	var size int64
+	var raw, blk []byte
+	_, err = pgx.ForEachRow(rows, []any{&raw, &blk}, func() error {
+		c, err := cid.Cast(raw)
+		if err != nil {
+			return fmt.Errorf("%w: node cid: %v", ErrCorruptRepo, err)
+		}
+		nodes[c] = append([]byte(nil), blk...)
+		size += int64(len(blk))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading MST nodes: %w", db.Translate(err))
+	}
+	tree, err := mst.LoadTreeFromStore(ctx, nodes, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: loading MST %s: %v", ErrCorruptRepo, data, err)
+	}
+	// INDIGO.md trap 2: a partial tree would silently skip proof nodes.
+	if tree.IsPartial() {
+		return nil, fmt.Errorf("%w: MST %s of %s is missing nodes", ErrCorruptRepo, data, did)
+	}
+	return &repoState{did: did, data: data, tree: tree, nodes: nodes, size: size}, nil
+}
+
+// removedNodes returns the nodes of the old tree (rooted at oldRoot, bytes in
+// old) that the new tree no longer contains. The new tree's nodes are the
+// written diff plus unchanged subtrees those reference, so an old node is
+// kept exactly when it was rewritten or a rewritten node points at it; the
+// walk descends only through dropped nodes, so it costs about as much as the
+// diff itself.
+func removedNodes(old nodeSource, oldRoot cid.Cid, diff *diffCollector) ([]cid.Cid, error) {
+	kept := make(map[cid.Cid]bool, len(diff.blocks)*3)
+	for _, b := range diff.blocks {
+		kept[b.Cid()] = true
+		nd, err := mst.NodeDataFromCBOR(bytes.NewReader(b.RawData()))
+		if err != nil {
+			return nil, fmt.Errorf("decoding new MST node: %w", err)
+		}
+		for _, c := range nodeChildren(nd) {
+			kept[c] = true
+		}
+	}
+	var removed []cid.Cid
+	stack := []cid.Cid{oldRoot}
+	for len(stack) > 0 {
+		c := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if kept[c] {
+			continue
+		}
+		removed = append(removed, c)
+		data, ok := old[c]
+		if !ok {
+			return nil, fmt.Errorf("%w: old MST node %s missing", ErrCorruptRepo, c)
+		}
+		nd, err := mst.NodeDataFromCBOR(bytes.NewReader(data))
+		if err != nil {
+			return nil, fmt.Errorf("%w: decoding old MST node %s: %v", ErrCorruptRepo, c, err)
+		}
+		stack = append(stack, nodeChildren(nd)...)
+	}
+	return removed, nil
+}
+
+func nodeChildren(nd *mst.NodeData) []cid.Cid {
+	var out []cid.Cid
+	if nd.Left != nil {
+		out = append(out, *nd.Left)
+	}
+	for _, e := range nd.Entries {
+		if e.Right != nil {
+			out = append(out, *e.Right)
+		}
+	}
+	return out
+}
+
+func sameCID(a, b *cid.Cid) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Equals(*b)
+}
+
+func cidString(c *cid.Cid) string {
+	if c == nil {
+		return "absent"
+	}
+	return c.String()
+}
+
+// InitRepo creates did's empty repository with a signed genesis commit,
+// inside tx (the account's creation transaction). It appends no event: the
+// caller emits #identity, #account and #sync in the order it wants.
+func (e *Engine) InitRepo(ctx context.Context, tx pgx.Tx, did syntax.DID, key atcrypto.PrivateKey) (*Head, error) {
+	tree := mst.NewEmptyTree()
+	diff := newDiffCollector()
+	root, err := tree.WriteDiffBlocks(ctx, diff)
+	if err != nil {
+		return nil, fmt.Errorf("encoding empty MST: %w", err)
+	}
+	rev := e.nextRev("")
+	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: *root, Rev: rev}
+	if err := commit.Sign(key); err != nil {
+		return nil, fmt.Errorf("signing genesis commit: %w", err)
+	}
+	var cbuf bytes.Buffer
+	if err := commit.MarshalCBOR(&cbuf); err != nil {
+		return nil, err
+	}
+	commitCID, err := cidBuilder.Sum(cbuf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, qInsertRoot, did.String(), commitCID.Bytes(), cbuf.Bytes(), root.Bytes(), rev)
+	if err != nil {
+		return nil, fmt.Errorf("storing repo root: %w", db.Translate(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrRepoExists, did)
+	}
+	b := diff.blocks[0]
+	if _, err := tx.Exec(ctx, qInsertNodes, did.String(), [][]byte{b.Cid().Bytes()}, rev, [][]byte{b.RawData()}); err != nil {
+		return nil, fmt.Errorf("storing empty MST: %w", db.Translate(err))
+	}
+	return &Head{Commit: commitCID, CommitBytes: cbuf.Bytes(), Data: *root, Rev: rev}, nil
+}
+
+// Querier is what reads need from a pool or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// GetHead returns did's current commit.
+func (e *Engine) GetHead(ctx context.Context, did syntax.DID) (*Head, error) {
+	return getHead(ctx, e.pool, did)
+}
+
+func getHead(ctx context.Context, q Querier, did syntax.DID) (*Head, error) {
+	var h Head
+	var commitRaw, dataRaw []byte
+	err := q.QueryRow(ctx, qGetHead, did.String()).Scan(&commitRaw, &h.CommitBytes, &dataRaw, &h.Rev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading repo head: %w", db.Translate(err))
+	}
+	var err1, err2 error
+	h.Commit, err1 = cid.Cast(commitRaw)
+	h.Data, err2 = cid.Cast(dataRaw)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptRepo, err)
+	}
+	return &h, nil
+}
+
+// SyncEvent builds a #sync event for did's current commit (account creation,
+// activation, import, repair), read through q so a caller's transaction sees
+// its own writes.
+func (e *Engine) SyncEvent(ctx context.Context, q Querier, did syntax.DID) (*firehose.Encoded, error) {
+	h, err := getHead(ctx, q, did)
+	if err != nil {
+		return nil, err
+	}
+	car := newCARBuilder(h.Commit)
+	car.add(h.Commit, h.CommitBytes)
+	return firehose.EncodeSync(&comatproto.SyncSubscribeRepos_Sync{
+		Did:    did.String(),
+		Rev:    h.Rev,
+		Blocks: car.bytes(),
+		Time:   syntax.DatetimeNow().String(),
+	})
+}

@@ -1,0 +1,84 @@
+-- name: LockRoot
+SELECT commit_cid, data_cid, rev FROM repo_roots WHERE did = $1 FOR UPDATE;
+
+-- name: InsertRoot
+INSERT INTO repo_roots (did, commit_cid, commit_data, data_cid, rev)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (did) DO NOTHING;
+
+-- name: UpdateRoot
+UPDATE repo_roots
+SET commit_cid = $2, commit_data = $3, data_cid = $4, rev = $5, updated_at = now()
+WHERE did = $1;
+
+-- name: GetHead
+SELECT commit_cid, commit_data, data_cid, rev FROM repo_roots WHERE did = $1;
+
+-- name: LoadNodes
+SELECT cid, data FROM repo_nodes WHERE did = $1;
+
+-- name: GetNode
+SELECT data FROM repo_nodes WHERE did = $1 AND cid = $2;
+
+-- name: InsertNodes
+INSERT INTO repo_nodes (did, cid, rev, data)
+SELECT $1, t.cid, $3, t.data FROM unnest($2::bytea[], $4::bytea[]) AS t(cid, data)
+ON CONFLICT (did, cid) DO NOTHING;
+
+-- name: DeleteNodes
+DELETE FROM repo_nodes WHERE did = $1 AND cid = ANY($2::bytea[]);
+
+-- name: UpsertRecords
+INSERT INTO records (did, collection, rkey, cid, rev, data)
+SELECT $1, t.collection, t.rkey, t.cid, $2, t.data
+FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[]) AS t(collection, rkey, cid, data)
+ON CONFLICT (did, collection, rkey) DO UPDATE
+SET cid = excluded.cid, rev = excluded.rev, data = excluded.data;
+
+-- name: DeleteRecords
+DELETE FROM records r
+USING unnest($2::text[], $3::text[]) AS t(collection, rkey)
+WHERE r.did = $1 AND r.collection = t.collection AND r.rkey = t.rkey;
+
+-- name: GetRecord
+SELECT cid, data FROM records WHERE did = $1 AND collection = $2 AND rkey = $3;
+
+-- name: ListRecordsAsc
+SELECT rkey, cid, data FROM records
+WHERE did = $1 AND collection = $2 AND rkey > $3
+ORDER BY rkey
+LIMIT $4;
+
+-- name: ListRecordsDesc
+SELECT rkey, cid, data FROM records
+WHERE did = $1 AND collection = $2 AND ($3 = '' OR rkey < $3)
+ORDER BY rkey DESC
+LIMIT $4;
+
+-- name: ListCollections
+-- A loose index scan: one index probe per distinct collection, not a scan
+-- of every record.
+WITH RECURSIVE c AS (
+    (SELECT collection FROM records WHERE did = $1 ORDER BY collection LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.collection FROM records r
+            WHERE r.did = $1 AND r.collection > c.collection
+            ORDER BY r.collection LIMIT 1)
+    FROM c WHERE c.collection IS NOT NULL
+)
+SELECT collection FROM c WHERE collection IS NOT NULL;
+
+-- name: ExportNodes
+SELECT cid, data FROM repo_nodes WHERE did = $1 AND ($2 = '' OR rev > $2);
+
+-- name: ExportRecords
+SELECT cid, data FROM records WHERE did = $1 AND ($2 = '' OR rev > $2);
+
+-- name: GetBlockByCID
+(SELECT data FROM repo_nodes WHERE did = $1 AND cid = $2)
+UNION ALL
+(SELECT data FROM records WHERE did = $1 AND cid = $2 LIMIT 1)
+LIMIT 1;
+
+-- name: CountRecords
+SELECT count(*) FROM records WHERE did = $1;
