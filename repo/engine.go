@@ -30,24 +30,25 @@ var queriesSQL string
 var queries = db.MustParseQueries(queriesSQL)
 
 var (
-	qLockRoot        = queries.MustGet("LockRoot")
-	qInsertRoot      = queries.MustGet("InsertRoot")
-	qUpdateRoot      = queries.MustGet("UpdateRoot")
-	qGetHead         = queries.MustGet("GetHead")
-	qLoadNodes       = queries.MustGet("LoadNodes")
-	qGetNode         = queries.MustGet("GetNode")
-	qInsertNodes     = queries.MustGet("InsertNodes")
-	qDeleteNodes     = queries.MustGet("DeleteNodes")
-	qUpsertRecords   = queries.MustGet("UpsertRecords")
-	qDeleteRecords   = queries.MustGet("DeleteRecords")
-	qGetRecord       = queries.MustGet("GetRecord")
-	qListRecordsAsc  = queries.MustGet("ListRecordsAsc")
-	qListRecordsDesc = queries.MustGet("ListRecordsDesc")
-	qListCollections = queries.MustGet("ListCollections")
-	qExportNodes     = queries.MustGet("ExportNodes")
-	qExportRecords   = queries.MustGet("ExportRecords")
-	qGetBlockByCID   = queries.MustGet("GetBlockByCID")
-	qCountRecords    = queries.MustGet("CountRecords")
+	qLockRoot         = queries.MustGet("LockRoot")
+	qInsertRoot       = queries.MustGet("InsertRoot")
+	qUpdateRoot       = queries.MustGet("UpdateRoot")
+	qGetHead          = queries.MustGet("GetHead")
+	qLoadNodes        = queries.MustGet("LoadNodes")
+	qGetNode          = queries.MustGet("GetNode")
+	qInsertNodes      = queries.MustGet("InsertNodes")
+	qDeleteNodes      = queries.MustGet("DeleteNodes")
+	qUpsertRecords    = queries.MustGet("UpsertRecords")
+	qDeleteRecords    = queries.MustGet("DeleteRecords")
+	qGetRecord        = queries.MustGet("GetRecord")
+	qListRecordsAsc   = queries.MustGet("ListRecordsAsc")
+	qListRecordsDesc  = queries.MustGet("ListRecordsDesc")
+	qListCollections  = queries.MustGet("ListCollections")
+	qExportNodes      = queries.MustGet("ExportNodes")
+	qExportRecords    = queries.MustGet("ExportRecords")
+	qGetBlockByCID    = queries.MustGet("GetBlockByCID")
+	qCountRecords     = queries.MustGet("CountRecords")
+	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
 )
 
 // KeySource gives the engine an account's repository signing key.
@@ -84,17 +85,23 @@ type Config struct {
 	// (default 64 MiB). Decoded trees take a few times more.
 	CacheBytes int64
 	Logger     *slog.Logger
+
+	// globalLock makes every commit hold one database-wide lock from its
+	// first write to its commit: the simple alternative to the sequencer,
+	// kept only so the benchmarks can compare the two.
+	globalLock bool
 }
 
 // Engine reads and writes repositories.
 type Engine struct {
-	blobs BlobTracker
-	pool  *pgxpool.Pool
-	keys  KeySource
-	waker Waker
-	cache *treeCache
-	clock *syntax.TIDClock
-	log   *slog.Logger
+	globalLock bool
+	blobs      BlobTracker
+	pool       *pgxpool.Pool
+	keys       KeySource
+	waker      Waker
+	cache      *treeCache
+	clock      *syntax.TIDClock
+	log        *slog.Logger
 }
 
 // New returns an engine over pool. waker may be nil.
@@ -106,13 +113,14 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		cfg.Logger = slog.Default()
 	}
 	return &Engine{
-		blobs: cfg.Blobs,
-		pool:  pool,
-		keys:  keys,
-		waker: waker,
-		cache: newTreeCache(cfg.CacheBytes),
-		clock: syntax.NewTIDClock(0),
-		log:   cfg.Logger.With("component", "repo"),
+		globalLock: cfg.globalLock,
+		blobs:      cfg.Blobs,
+		pool:       pool,
+		keys:       keys,
+		waker:      waker,
+		cache:      newTreeCache(cfg.CacheBytes),
+		clock:      syntax.NewTIDClock(0),
+		log:        cfg.Logger.With("component", "repo"),
 	}
 }
 
@@ -443,6 +451,9 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 	}
 
 	batch := &pgx.Batch{}
+	if e.globalLock {
+		batch.Queue(qGlobalCommitLock)
+	}
 	if len(removed) > 0 {
 		rm := make([][]byte, len(removed))
 		for i, c := range removed {

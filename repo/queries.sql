@@ -82,3 +82,7 @@ LIMIT 1;
 
 -- name: CountRecords
 SELECT count(*) FROM records WHERE did = $1;
+
+-- name: GlobalCommitLock
+-- Benchmark only: the serialise-everything alternative to the sequencer.
+SELECT pg_advisory_xact_lock(7431);

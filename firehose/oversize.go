@@ -1,0 +1,117 @@
+package firehose
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/ipfs/go-cid"
+	car "github.com/ipld/go-car"
+	carutil "github.com/ipld/go-car/util"
+)
+
+// Limits relays enforce on one event (sync spec; indigo's relay
+// MaxMessageBlocksBytes and MaxCommitOps). An event over them is dropped by
+// the relay, so it is never sent as stored.
+const (
+	relayMaxBlocksBytes = 2_000_000
+	relayMaxOps         = 200
+)
+
+// errNoCommitBlock means a stored event's CAR lacks the block of its first
+// root.
+var errNoCommitBlock = errors.New("commit block not found in event blocks")
+
+// Oversized reports whether ev must not go on the wire as stored: its frame
+// would exceed MaxFrameBytes, or its blocks or ops exceed what relays accept.
+// Such events (imported, legacy or repaired) are served as #sync.
+func Oversized(ev *Event) bool {
+	if ev.FrameSize() > MaxFrameBytes {
+		return true
+	}
+	switch ev.Kind {
+	case KindCommit:
+		return ev.BlocksLen > relayMaxBlocksBytes || ev.OpsCount > relayMaxOps
+	case KindSync:
+		return ev.BlocksLen > MaxSyncBlocksBytes
+	}
+	return false
+}
+
+// syncFrame builds the #sync frame that replaces an oversized #commit or
+// #sync: same seq, repo and rev, with a CAR holding only the signed commit
+// block, which tells consumers to re-fetch the repo with getRepo.
+func syncFrame(ev *Event) ([]byte, error) {
+	var blocks []byte
+	var did, rev, at string
+	r := bytes.NewReader(ev.Body)
+	switch ev.Kind {
+	case KindCommit:
+		var c comatproto.SyncSubscribeRepos_Commit
+		if err := c.UnmarshalCBOR(r); err != nil {
+			return nil, fmt.Errorf("decoding stored #commit: %w", err)
+		}
+		blocks, did, rev, at = c.Blocks, c.Repo, c.Rev, c.Time
+	case KindSync:
+		var s comatproto.SyncSubscribeRepos_Sync
+		if err := s.UnmarshalCBOR(r); err != nil {
+			return nil, fmt.Errorf("decoding stored #sync: %w", err)
+		}
+		blocks, did, rev, at = s.Blocks, s.Did, s.Rev, s.Time
+	default:
+		return nil, fmt.Errorf("cannot replace a #%s event with #sync", ev.Kind)
+	}
+	commitCAR, err := commitOnlyCAR(blocks)
+	if err != nil {
+		return nil, err
+	}
+	if at == "" {
+		at = syntax.DatetimeNow().String()
+	}
+	body := comatproto.SyncSubscribeRepos_Sync{Seq: ev.Seq, Did: did, Rev: rev, Blocks: commitCAR, Time: at}
+	var buf bytes.Buffer
+	buf.Write(headerBytes[KindSync])
+	if err := body.MarshalCBOR(&buf); err != nil {
+		return nil, fmt.Errorf("encoding #sync: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// commitOnlyCAR returns a CAR of the commit block alone (the first root of
+// carBytes).
+func commitOnlyCAR(carBytes []byte) ([]byte, error) {
+	cr, err := car.NewCarReader(bytes.NewReader(carBytes))
+	if err != nil {
+		return nil, fmt.Errorf("reading event blocks: %w", err)
+	}
+	if len(cr.Header.Roots) == 0 {
+		return nil, errNoCommitBlock
+	}
+	root := cr.Header.Roots[0]
+	for {
+		blk, err := cr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil, errNoCommitBlock
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading event blocks: %w", err)
+		}
+		if blk.Cid().Equals(root) {
+			return singleBlockCAR(root, blk.RawData())
+		}
+	}
+}
+
+func singleBlockCAR(root cid.Cid, data []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := car.WriteHeader(&car.CarHeader{Roots: []cid.Cid{root}, Version: 1}, &buf); err != nil {
+		return nil, err
+	}
+	if err := carutil.LdWrite(&buf, root.Bytes(), data); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

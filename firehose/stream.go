@@ -1,0 +1,729 @@
+package firehose
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	cbg "github.com/whyrusleeping/cbor-gen"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+//go:embed stream.sql
+var streamSQL string
+
+var streamQueries = db.MustParseQueries(streamSQL)
+
+var (
+	qEventsAfterBounded = streamQueries.MustGet("EventsAfterBounded")
+	qPruneEvents        = streamQueries.MustGet("PruneEvents")
+	qListenSequenced    = streamQueries.MustGet("ListenSequenced")
+)
+
+// Error-frame names of com.atproto.sync.subscribeRepos.
+const (
+	ErrNameFutureCursor    = "FutureCursor"
+	ErrNameConsumerTooSlow = "ConsumerTooSlow"
+	// InfoOutdatedCursor is the #info name sent before replaying the whole
+	// window to a cursor older than it.
+	InfoOutdatedCursor = "OutdatedCursor"
+)
+
+// DefaultRetention is how long events are replayable unless configured.
+const DefaultRetention = 72 * time.Hour
+
+// Config tunes a Hub. The zero value works.
+type Config struct {
+	// Retention is the replay window (default DefaultRetention). Older
+	// cursors get #info OutdatedCursor and the whole window.
+	Retention time.Duration
+	// PageEvents and PageBytes bound one backfill read (default 100
+	// events, 1 MiB of bodies, always at least one event). A page is read
+	// only after the previous one went out, so they bound what a backfilling
+	// subscriber holds in memory.
+	PageEvents int
+	PageBytes  int
+	// QueueFrames and QueueBytes bound the live frames waiting for one
+	// subscriber (default 2000 frames, 32 MiB). Frames are shared between
+	// subscribers, so this is what a stalled one can pin, not copy.
+	QueueFrames int
+	QueueBytes  int
+	// WriteTimeout bounds writing one frame (default 30s).
+	WriteTimeout time.Duration
+	// PingInterval is how often subscribers are pinged (default 30s);
+	// one that sends nothing, not even a pong, for PongTimeout (default
+	// 3 × PingInterval) is closed.
+	PingInterval time.Duration
+	PongTimeout  time.Duration
+	// PollInterval is how often the hub looks for new events when no
+	// wake-up arrives (default 1s): a safety net for a lost notification.
+	PollInterval time.Duration
+	// DisableOversizeSync sends events over the relay limits as stored
+	// instead of as #sync. Only for reproducing incidents and testing
+	// repairs: relays drop such frames, or the whole connection.
+	DisableOversizeSync bool
+	Logger              *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.PageEvents <= 0 {
+		c.PageEvents = 100
+	}
+	if c.PageBytes <= 0 {
+		c.PageBytes = 1 << 20
+	}
+	if c.QueueFrames <= 0 {
+		c.QueueFrames = 2000
+	}
+	if c.QueueBytes <= 0 {
+		c.QueueBytes = 32 << 20
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = 30 * time.Second
+	}
+	if c.PongTimeout <= 0 {
+		c.PongTimeout = 3 * c.PingInterval
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// liveBatchEvents and liveBatchBytes bound one read of new events by the
+// hub (for all subscribers at once).
+const (
+	liveBatchEvents = 500
+	liveBatchBytes  = 8 << 20
+)
+
+// Hub serves com.atproto.sync.subscribeRepos for one process. It reads each
+// new event once, encodes its frame once and hands the same bytes to every
+// live subscriber; backfill is read per subscriber, a page at a time, at the
+// pace the subscriber's socket takes it.
+type Hub struct {
+	pool   *pgxpool.Pool
+	log    *Log
+	cfg    Config
+	logger *slog.Logger
+
+	wake      chan struct{}
+	ready     chan struct{}
+	readyOnce sync.Once
+
+	mu       sync.Mutex
+	last     int64 // highest seq handed to live subscribers
+	live     map[*subscriber]struct{}
+	sessions map[*session]struct{}
+	closed   bool
+}
+
+// NewHub returns a hub over pool's event log. Call Run to start it.
+func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
+	cfg.defaults()
+	return &Hub{
+		pool:     pool,
+		log:      NewLog(pool),
+		cfg:      cfg,
+		logger:   cfg.Logger.With("component", "firehose"),
+		wake:     make(chan struct{}, 1),
+		ready:    make(chan struct{}),
+		live:     map[*subscriber]struct{}{},
+		sessions: map[*session]struct{}{},
+	}
+}
+
+// Notify tells the hub that events up to lastSeq were sequenced. It never
+// blocks; register it with Sequencer.OnSequenced.
+func (h *Hub) Notify(lastSeq int64) {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run delivers new events to live subscribers until ctx ends, then closes
+// every subscription. It wakes on Notify, on NOTIFY from other processes'
+// sequencers, and every PollInterval.
+func (h *Hub) Run(ctx context.Context) error {
+	for {
+		last, err := h.log.LastSeq(ctx)
+		if err == nil {
+			h.mu.Lock()
+			h.last = last
+			h.mu.Unlock()
+			break
+		}
+		h.logger.Warn("reading last seq; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			h.Close()
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	h.readyOnce.Do(func() { close(h.ready) })
+	defer h.Close()
+
+	go h.listen(ctx)
+	tick := time.NewTicker(h.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		if err := h.deliver(ctx); err != nil && ctx.Err() == nil {
+			h.logger.Warn("reading new events", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-h.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// listen wakes the hub on every NOTIFY from a sequencer in any process,
+// over a connection of its own (a LISTEN needs one session for good).
+func (h *Hub) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := h.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		h.logger.Warn("listening for sequenced events; reconnecting", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (h *Hub) listenOnce(ctx context.Context) error {
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// Hijack so the LISTEN session never returns to the pool.
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+	if _, err := pc.Exec(ctx, qListenSequenced); err != nil {
+		return err
+	}
+	// Anything sequenced before the LISTEN took effect is found by this
+	// wake-up's read.
+	h.Notify(0)
+	for {
+		if _, err := pc.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		h.Notify(0)
+	}
+}
+
+// deliver reads every event after h.last and fans it out.
+func (h *Hub) deliver(ctx context.Context) error {
+	for {
+		h.mu.Lock()
+		after := h.last
+		h.mu.Unlock()
+		evs, err := h.after(ctx, after, liveBatchEvents, liveBatchBytes)
+		if err != nil || len(evs) == 0 {
+			return err
+		}
+		frames := make([]liveFrame, 0, len(evs))
+		for i := range evs {
+			data, err := h.frame(&evs[i], nil)
+			if err != nil {
+				continue
+			}
+			frames = append(frames, liveFrame{seq: evs[i].Seq, data: data})
+		}
+		h.mu.Lock()
+		for s := range h.live {
+			if !s.push(frames, h.cfg.QueueFrames, h.cfg.QueueBytes) {
+				delete(h.live, s)
+			}
+		}
+		h.last = evs[len(evs)-1].Seq
+		h.mu.Unlock()
+	}
+}
+
+// after reads a bounded page of events with seq > after.
+func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]Event, error) {
+	rows, err := h.pool.Query(ctx, qEventsAfterBounded, after, limit, maxBytes)
+	if err != nil {
+		return nil, fmt.Errorf("reading events after %d: %w", after, db.Translate(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+		var ev Event
+		var kind string
+		err := row.Scan(&ev.Seq, &ev.DID, &kind, &ev.Rev, &ev.CreatedAt, &ev.Body, &ev.SeqOffset, &ev.BlocksLen, &ev.OpsCount)
+		ev.Kind = Kind(kind)
+		return ev, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading events after %d: %w", after, db.Translate(err))
+	}
+	return out, nil
+}
+
+// frame encodes ev's wire frame, appending to dst; an oversized event
+// becomes #sync. An error means the event cannot be sent at all (it is
+// logged and skipped: never sent oversized).
+func (h *Hub) frame(ev *Event, dst []byte) ([]byte, error) {
+	if !Oversized(ev) || h.cfg.DisableOversizeSync {
+		return AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), nil
+	}
+	data, err := syncFrame(ev)
+	if err != nil {
+		h.logger.Error("oversized event cannot be sent as #sync; skipping it",
+			"seq", ev.Seq, "did", ev.DID, "kind", ev.Kind, "frame_bytes", ev.FrameSize(), "err", err)
+		return nil, err
+	}
+	h.logger.Warn("oversized event sent as #sync", "seq", ev.Seq, "did", ev.DID, "kind", ev.Kind,
+		"frame_bytes", ev.FrameSize(), "blocks_bytes", ev.BlocksLen, "ops", ev.OpsCount)
+	return data, nil
+}
+
+// Close ends every subscription and refuses new ones. Run calls it when its
+// context ends; servers call it on shutdown, since hijacked connections are
+// not closed by http.Server.Shutdown.
+func (h *Hub) Close() {
+	h.mu.Lock()
+	h.closed = true
+	ss := make([]*session, 0, len(h.sessions))
+	for s := range h.sessions {
+		ss = append(ss, s)
+	}
+	h.mu.Unlock()
+	for _, s := range ss {
+		s.cancel()
+	}
+}
+
+// Subscribers returns the number of subscriptions being served.
+func (h *Hub) Subscribers() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.sessions)
+}
+
+// liveFrame is one encoded event, shared by every subscriber's queue.
+type liveFrame struct {
+	seq  int64
+	data []byte
+}
+
+// subscriber is the live queue of one subscription.
+type subscriber struct {
+	signal chan struct{}
+
+	mu      sync.Mutex
+	q       []liveFrame
+	qBytes  int
+	tooSlow bool
+}
+
+// push queues frames, or marks the subscriber too slow (and returns false)
+// when they do not fit.
+func (s *subscriber) push(frames []liveFrame, maxFrames, maxBytes int) bool {
+	n := 0
+	for _, f := range frames {
+		n += len(f.data)
+	}
+	s.mu.Lock()
+	ok := !s.tooSlow && len(s.q)+len(frames) <= maxFrames && s.qBytes+n <= maxBytes
+	if ok {
+		s.q = append(s.q, frames...)
+		s.qBytes += n
+	} else {
+		s.tooSlow = true
+		// Let go of the frames at once: a stalled subscriber must not pin
+		// them until its write deadline.
+		s.q, s.qBytes = nil, 0
+	}
+	s.mu.Unlock()
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+	return ok
+}
+
+// take swaps the queue for spare (an emptied earlier queue, reused).
+func (s *subscriber) take(spare []liveFrame) ([]liveFrame, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.q
+	s.q, s.qBytes = spare[:0], 0
+	return q, s.tooSlow
+}
+
+// register adds a live subscriber; it receives every event after the
+// returned seq.
+func (h *Hub) register(s *subscriber) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.live[s] = struct{}{}
+	return h.last
+}
+
+func (h *Hub) unregister(s *subscriber) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.live, s)
+}
+
+// lastDelivered is the highest seq handed to live subscribers.
+func (h *Hub) lastDelivered() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}
+
+// session is one subscription being served.
+type session struct {
+	h      *Hub
+	conn   *websocket.Conn
+	cancel context.CancelFunc
+	logger *slog.Logger
+	cur    int64 // last seq written
+	buf    []byte
+	ping   time.Time
+}
+
+// errClosed is a subscription ended by the hub (shutdown).
+var errClosed = errors.New("firehose closed")
+
+// Upgrader returns the WebSocket upgrader subscriptions use: small buffers
+// (an idle subscriber holds none while not writing) and any origin (the
+// stream is public).
+func Upgrader() *websocket.Upgrader {
+	return &websocket.Upgrader{
+		ReadBufferSize:  512,
+		WriteBufferSize: 16 << 10,
+		WriteBufferPool: writeBufferPool,
+		CheckOrigin:     func(*http.Request) bool { return true },
+	}
+}
+
+var writeBufferPool = &sync.Pool{}
+
+// Serve runs one subscription on an upgraded connection until the client
+// goes away, ctx ends or the hub closes, and closes conn. cursor nil means
+// live only. It returns why the subscription ended (nil for a client that
+// disconnected).
+func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer conn.Close()
+	s := &session{h: h, conn: conn, cancel: cancel, logger: h.logger}
+	if cursor != nil {
+		s.logger = s.logger.With("cursor", *cursor)
+	}
+
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		s.close(websocket.CloseGoingAway, "server shutting down")
+		return errClosed
+	}
+	h.sessions[s] = struct{}{}
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.sessions, s)
+		h.mu.Unlock()
+	}()
+
+	go s.readLoop()
+	select {
+	case <-h.ready:
+	case <-ctx.Done():
+		return nil
+	}
+	err := s.run(ctx, cursor)
+	if ctx.Err() != nil {
+		h.mu.Lock()
+		closed := h.closed
+		h.mu.Unlock()
+		if closed {
+			s.close(websocket.CloseGoingAway, "server shutting down")
+		}
+		// The client left (or the server is stopping): not an error.
+		return nil
+	}
+	return err
+}
+
+// readLoop consumes what the client sends (pongs, pings, close) and
+// cancels the session when the connection ends or stays silent past
+// PongTimeout.
+func (s *session) readLoop() {
+	defer s.cancel()
+	timeout := s.h.cfg.PongTimeout
+	c := s.conn
+	c.SetReadLimit(4096)
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	c.SetPongHandler(func(string) error {
+		return c.SetReadDeadline(time.Now().Add(timeout))
+	})
+	for {
+		_, r, err := c.NextReader()
+		if err != nil {
+			return
+		}
+		_ = c.SetReadDeadline(time.Now().Add(timeout))
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return
+		}
+	}
+}
+
+func (s *session) run(ctx context.Context, cursor *int64) error {
+	h := s.h
+	sub := &subscriber{signal: make(chan struct{}, 1)}
+	defer h.unregister(sub)
+	s.ping = time.Now()
+
+	if cursor == nil {
+		s.cur = h.register(sub)
+		return s.liveLoop(ctx, sub)
+	}
+	from, err := s.resolve(ctx, *cursor)
+	if err != nil || from < 0 {
+		return err
+	}
+	s.cur = from
+	// Catch up through pages until the log is (nearly) exhausted, then
+	// join the live fan-out, then read the few events sequenced in between:
+	// everything after start comes through the queue, so nothing is missed
+	// and, filtering by seq, nothing is sent twice.
+	if err := s.backfill(ctx, func() bool { return s.cur >= h.lastDelivered() }, 0); err != nil {
+		return err
+	}
+	start := h.register(sub)
+	if err := s.backfill(ctx, nil, start); err != nil {
+		return err
+	}
+	return s.liveLoop(ctx, sub)
+}
+
+// resolve turns a cursor into the seq to replay after, reading only seqs
+// and creation times. A negative result means the session is over (an
+// error frame was sent).
+func (s *session) resolve(ctx context.Context, cursor int64) (int64, error) {
+	h := s.h
+	last, err := h.log.LastSeq(ctx)
+	if err != nil {
+		return -1, err
+	}
+	if cursor > last {
+		s.logger.Debug("future cursor", "last_seq", last)
+		return -1, s.fail(ErrNameFutureCursor, "cursor is beyond the latest event")
+	}
+	windowStart := time.Now().Add(-h.cfg.Retention)
+	if cursor > 0 {
+		_, at, err := h.log.CursorPoint(ctx, cursor)
+		if errors.Is(err, ErrNoEvent) {
+			return cursor, nil
+		}
+		if err != nil {
+			return -1, err
+		}
+		if !at.Before(windowStart) {
+			return cursor, nil
+		}
+		msg := "cursor is older than the replay window; replaying the whole window"
+		if err := s.write(infoFrame(InfoOutdatedCursor, msg)); err != nil {
+			return -1, err
+		}
+	}
+	first, err := h.log.FirstSeqSince(ctx, windowStart)
+	if errors.Is(err, ErrNoEvent) {
+		return last, nil
+	}
+	if err != nil {
+		return -1, err
+	}
+	return first - 1, nil
+}
+
+// backfill writes events after s.cur, a page at a time, until a page comes
+// back empty, done reports true after a page, or (with until > 0) it has
+// written everything up to until.
+func (s *session) backfill(ctx context.Context, done func() bool, until int64) error {
+	h := s.h
+	for {
+		if until > 0 && s.cur >= until {
+			return nil
+		}
+		page, err := h.after(ctx, s.cur, h.cfg.PageEvents, h.cfg.PageBytes)
+		if err != nil {
+			return err
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		for i := range page {
+			ev := &page[i]
+			if until > 0 && ev.Seq > until {
+				return nil
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			data, err := h.frame(ev, s.buf[:0])
+			if err == nil {
+				if err := s.write(data); err != nil {
+					return err
+				}
+				s.keepBuf(data)
+			}
+			s.cur = ev.Seq
+			page[i] = Event{} // let the body go before the next write
+		}
+		if done != nil && done() {
+			return nil
+		}
+	}
+}
+
+// keepBuf keeps a frame buffer for the next frame unless it grew large: a
+// subscriber that once received a big frame should not hold its size.
+func (s *session) keepBuf(data []byte) {
+	if cap(data) <= 256<<10 {
+		s.buf = data[:0]
+	} else {
+		s.buf = nil
+	}
+}
+
+func (s *session) liveLoop(ctx context.Context, sub *subscriber) error {
+	tick := time.NewTicker(s.h.cfg.PingInterval)
+	defer tick.Stop()
+	var spare []liveFrame
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			if err := s.maybePing(); err != nil {
+				return err
+			}
+			continue
+		case <-sub.signal:
+		}
+		frames, tooSlow := sub.take(spare)
+		if tooSlow {
+			s.logger.Info("subscriber too slow; closing", "seq", s.cur)
+			return s.fail(ErrNameConsumerTooSlow, "subscriber fell too far behind")
+		}
+		for i, f := range frames {
+			if f.seq <= s.cur {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := s.write(f.data); err != nil {
+				return err
+			}
+			s.cur = f.seq
+			frames[i] = liveFrame{}
+		}
+		spare = frames
+	}
+}
+
+// write sends one frame under the write deadline, pinging first if a ping
+// is due (a long backfill must not starve the keepalive).
+func (s *session) write(frame []byte) error {
+	if err := s.maybePing(); err != nil {
+		return err
+	}
+	if err := s.conn.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout)); err != nil {
+		return err
+	}
+	return s.conn.WriteMessage(websocket.BinaryMessage, frame)
+}
+
+func (s *session) maybePing() error {
+	now := time.Now()
+	if now.Sub(s.ping) < s.h.cfg.PingInterval {
+		return nil
+	}
+	s.ping = now
+	return s.conn.WriteControl(websocket.PingMessage, nil, now.Add(s.h.cfg.WriteTimeout))
+}
+
+// fail sends an error frame and closes the connection; the error returned
+// is for the log, the client has been told.
+func (s *session) fail(name, msg string) error {
+	if err := s.write(errorFrame(name, msg)); err != nil {
+		return err
+	}
+	s.close(websocket.ClosePolicyViolation, name)
+	return nil
+}
+
+func (s *session) close(code int, reason string) {
+	_ = s.conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason),
+		time.Now().Add(time.Second))
+}
+
+// errorFrame encodes an error frame: header {op: -1} and body {error,
+// message}. Encoded by hand rather than with indigo's events.ErrorFrame:
+// importing indigo's events package here would keep this package out of
+// any binary that links the relay (INDIGO.md, trap 7).
+func errorFrame(name, msg string) []byte {
+	var buf bytes.Buffer
+	buf.Write(errorHeader)
+	cw := cbg.NewCborWriter(&buf)
+	_ = cw.WriteMajorTypeHeader(cbg.MajMap, 2)
+	for _, s := range []string{"error", name, "message", msg} {
+		_ = cw.WriteMajorTypeHeader(cbg.MajTextString, uint64(len(s)))
+		_, _ = cw.WriteString(s)
+	}
+	return buf.Bytes()
+}
+
+var errorHeader = encodeHeader(-1, "")
+
+// infoFrame encodes an #info frame.
+func infoFrame(name, msg string) []byte {
+	var buf bytes.Buffer
+	buf.Write(headerBytes["info"])
+	_ = (&comatproto.SyncSubscribeRepos_Info{Name: name, Message: &msg}).MarshalCBOR(&buf)
+	return buf.Bytes()
+}
+
+// IsClientGone reports whether err only says the subscriber disconnected.
+func IsClientGone(err error) bool {
+	var ne net.Error
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) ||
+		websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,28 @@
+-- name: EventsAfterBounded
+-- Like EventsAfter, but stops after the event that brings the bodies read
+-- to $3 bytes (always at least one event). octet_length of a TOASTed bytea
+-- reads only its header, so the rows left out are never fetched.
+SELECT seq, did, kind, rev, created_at, body, seq_offset, blocks_len, ops_count
+FROM (
+    SELECT seq, did, kind, coalesce(rev, '') AS rev, created_at, body, seq_offset, blocks_len, ops_count,
+           sum(octet_length(body)) OVER (ORDER BY seq) - octet_length(body) AS before
+    FROM events
+    WHERE seq > $1 AND seq IS NOT NULL AND NOT invalidated
+    ORDER BY seq
+    LIMIT $2
+) p
+WHERE before < $3
+ORDER BY seq;
+
+-- name: PruneEvents
+-- Deletes one batch of sequenced events created before $1, oldest first.
+DELETE FROM events
+WHERE id IN (
+    SELECT id FROM events
+    WHERE created_at < $1 AND seq IS NOT NULL
+    ORDER BY created_at
+    LIMIT $2
+);
+
+-- name: ListenSequenced
+LISTEN bulwark_sequenced;

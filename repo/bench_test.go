@@ -1,0 +1,204 @@
+package repo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+// The benchmarks run against a cluster on disk with fsync and
+// synchronous_commit on (the test clusters run with them off), so commit
+// figures include a real WAL flush. Run:
+//
+//	go test ./repo -run '^$' -bench . -benchtime 2000x
+
+var (
+	benchOnce sync.Once
+	benchURL  string
+	benchPG   *db.Managed
+	benchErr  error
+	benchDBs  atomic.Int64
+)
+
+func benchSetup(b *testing.B, cfg Config) *bundle {
+	b.Helper()
+	ctx := context.Background()
+	benchOnce.Do(func() {
+		dir, err := os.MkdirTemp("/var/tmp", "bulwark-bench-")
+		if err != nil {
+			benchErr = err
+			return
+		}
+		_ = os.Chmod(dir, 0o711)
+		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true})
+		if err != nil {
+			benchErr = err
+			return
+		}
+		benchPG, benchURL = m, m.URL(db.ManagedDatabase)
+	})
+	require.NoError(b, benchErr)
+	admin, err := db.Open(ctx, benchURL, nil)
+	require.NoError(b, err)
+	name := fmt.Sprintf("bench_%d_%d", os.Getpid(), benchDBs.Add(1))
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(b, err)
+	admin.Close()
+	pool, err := db.Open(ctx, benchPG.URL(name), nil)
+	require.NoError(b, err)
+	require.NoError(b, db.Migrate(ctx, pool, nil))
+	b.Cleanup(pool.Close)
+	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
+	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{})
+	bctx, cancel := context.WithCancel(ctx)
+	b.Cleanup(cancel)
+	go seq.Run(bctx)
+	var waker Waker = seq
+	if os.Getenv("BENCH_NOWAKE") != "" {
+		waker = nil
+	}
+	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool)}
+}
+
+// latencies collects per-commit durations and reports commits/s, p50, p99.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) report(b *testing.B, elapsed time.Duration) {
+	slices.Sort(l.d)
+	if len(l.d) == 0 {
+		return
+	}
+	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "commits/s")
+	b.ReportMetric(float64(l.d[len(l.d)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(l.d[len(l.d)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
+	bb := benchSetup(b, cfg)
+	dids := make([]syntax.DID, repos)
+	for i := range dids {
+		dids[i] = bb.newRepo(b, i)
+	}
+	ctx := context.Background()
+	var lat latencies
+	var next atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			did := dids[w%repos]
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				_, err := bb.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "", post("benchmark post"))}, nil)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				lat.add(time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	lat.report(b, elapsed)
+}
+
+func BenchmarkCommitOneWriter(b *testing.B) { runCommitBench(b, 1, 1, Config{}) }
+
+func BenchmarkCommit16Writers16Repos(b *testing.B) { runCommitBench(b, 16, 16, Config{}) }
+
+func BenchmarkCommit8WritersOneRepo(b *testing.B) { runCommitBench(b, 8, 1, Config{}) }
+
+// BenchmarkCommit16Repos_GlobalLock is the simple design the sequencer
+// replaces: every commit takes one database-wide lock from its first write
+// to its commit (where it would take the next seq), so commits to different
+// repos queue behind each other's WAL flush.
+func BenchmarkCommit16Repos_GlobalLock(b *testing.B) {
+	runCommitBench(b, 16, 16, Config{globalLock: true})
+}
+
+// BenchmarkExport100k builds a 100,000-record repository and streams its
+// CAR, reporting the time of one export and the peak heap in use during it.
+func BenchmarkExport100k(b *testing.B) {
+	bb := benchSetup(b, Config{})
+	ctx := context.Background()
+	did := bb.newRepo(b, 1)
+	for i := 0; i < 100_000; i += MaxCommitOps {
+		writes := make([]Write, MaxCommitOps)
+		for j := range writes {
+			writes[j] = create("app.bsky.feed.post", "", post(fmt.Sprintf("record %d with some text to look like a post", i+j)))
+		}
+		_, err := bb.engine.Apply(ctx, did, writes, nil)
+		require.NoError(b, err)
+	}
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	b.ResetTimer()
+	for range b.N {
+		peak := watchHeap()
+		cw := &countingWriter{}
+		start := time.Now()
+		require.NoError(b, bb.engine.ExportCAR(ctx, did, "", cw))
+		b.ReportMetric(time.Since(start).Seconds(), "s/export")
+		b.ReportMetric(float64(cw.n)/(1<<20), "MiB-car")
+		b.ReportMetric(float64(peak())/(1<<20), "peak-heap-MiB")
+	}
+}
+
+// watchHeap samples HeapInuse until the returned func is called, which
+// reports the peak.
+func watchHeap() func() uint64 {
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse > peak.Load() {
+				peak.Store(ms.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() uint64 { close(stop); <-done; return peak.Load() }
+}
+
+type countingWriter struct{ n int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+var _ io.Writer = (*countingWriter)(nil)
