@@ -2,8 +2,8 @@ package firehose
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"testing"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"

@@ -43,7 +43,7 @@ type SequencerConfig struct {
 	// so that one sequencing transaction (and its WAL flush) serves many
 	// commits instead of one each (default 2ms; negative = none).
 	Gather time.Duration
-	Logger      *slog.Logger
+	Logger *slog.Logger
 }
 
 // Sequencer gives committed events their public seq, in batches.
