@@ -697,6 +697,12 @@ func getHead(ctx context.Context, q Querier, did syntax.DID) (*Head, error) {
 // activation, import, repair), read through q so a caller's transaction sees
 // its own writes.
 func (e *Engine) SyncEvent(ctx context.Context, q Querier, did syntax.DID) (*firehose.Encoded, error) {
+	return SyncEvent(ctx, q, did)
+}
+
+// SyncEvent is Engine.SyncEvent for callers without an engine (admin
+// repair): it needs only the database.
+func SyncEvent(ctx context.Context, q Querier, did syntax.DID) (*firehose.Encoded, error) {
 	h, err := getHead(ctx, q, did)
 	if err != nil {
 		return nil, err

@@ -26,7 +26,15 @@ SELECT $1, t.cid, $3, t.data FROM unnest($2::bytea[], $4::bytea[]) AS t(cid, dat
 ON CONFLICT (did, cid) DO NOTHING;
 
 -- name: DeleteNodes
-DELETE FROM repo_nodes WHERE did = $1 AND cid = ANY($2::bytea[]);
+-- Each key is looked up on its own (full primary key: always an index
+-- probe) and the rows deleted by ctid. The obvious "did = $1 AND cid =
+-- ANY($2)" or a join on unnest lets a generic plan use only did in the
+-- index condition and filter every node of the repository.
+DELETE FROM repo_nodes
+WHERE ctid = ANY (ARRAY(
+    SELECT (SELECT n.ctid FROM repo_nodes n WHERE n.did = $1 AND n.cid = t.cid)
+    FROM unnest($2::bytea[]) AS t(cid)
+));
 
 -- name: UpsertRecords
 INSERT INTO records (did, collection, rkey, cid, rev, data)
@@ -36,9 +44,12 @@ ON CONFLICT (did, collection, rkey) DO UPDATE
 SET cid = excluded.cid, rev = excluded.rev, data = excluded.data;
 
 -- name: DeleteRecords
-DELETE FROM records r
-USING unnest($2::text[], $3::text[]) AS t(collection, rkey)
-WHERE r.did = $1 AND r.collection = t.collection AND r.rkey = t.rkey;
+-- Keyed lookups then delete by ctid, for the reason given at DeleteNodes.
+DELETE FROM records
+WHERE ctid = ANY (ARRAY(
+    SELECT (SELECT r.ctid FROM records r WHERE r.did = $1 AND r.collection = t.collection AND r.rkey = t.rkey)
+    FROM unnest($2::text[], $3::text[]) AS t(collection, rkey)
+));
 
 -- name: GetRecord
 SELECT cid, data FROM records WHERE did = $1 AND collection = $2 AND rkey = $3;
