@@ -1,0 +1,341 @@
+package firehose
+
+import (
+	"container/list"
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Consumer health: the firehose remembers, per consumer (client IP plus
+// user agent), its recent connections, and flags a consumer that keeps
+// reconnecting at the same cursor: a relay stuck on the event after it (too
+// big for it, or one it cannot verify). The operator hears of it from a log
+// warning (once per incident), the admin API and metrics, before users
+// notice missing posts.
+
+// EndReason says why a subscription ended.
+type EndReason string
+
+// Why connections end.
+const (
+	EndClientClosed   EndReason = "client closed"
+	EndReadError      EndReason = "read error"
+	EndWriteError     EndReason = "write error"
+	EndWriteTimeout   EndReason = "write timeout"
+	EndConsumerSlow   EndReason = "ConsumerTooSlow"
+	EndFutureCursor   EndReason = "FutureCursor"
+	EndServerShutdown EndReason = "server shutdown"
+	EndRateLimited    EndReason = "rate limited"
+	EndOther          EndReason = "other"
+)
+
+// HealthConfig tunes consumer tracking. The zero value works.
+type HealthConfig struct {
+	// History is how many recent connections are kept per consumer (default 20).
+	History int
+	// StuckAfter is how many connections in a row at the same cursor make a
+	// consumer stuck (default 3).
+	StuckAfter int
+	// Window bounds how far back those connections may go (default 10 min).
+	Window time.Duration
+	// MaxConsumers bounds memory: least recently seen consumers are
+	// forgotten first (default 10,000).
+	MaxConsumers int
+	Logger       *slog.Logger
+	// Inspect describes the event at seq for the report (nil: seq only).
+	Inspect func(ctx context.Context, seq int64) (*EventInfo, error)
+	// OnStuck is called once per incident (for metrics).
+	OnStuck func(ConsumerReport)
+}
+
+// ConnRecord is one subscription, as the health tracker saw it.
+type ConnRecord struct {
+	Started time.Time `json:"started"`
+	Ended   time.Time `json:"ended,omitzero"`
+	// Cursor is the cursor the client asked for (nil: live only).
+	Cursor  *int64    `json:"cursor,omitempty"`
+	Frames  int64     `json:"frames"`
+	LastSeq int64     `json:"lastSeq,omitempty"`
+	Reason  EndReason `json:"reason,omitempty"`
+}
+
+// StuckInfo describes where a stuck consumer stalls.
+type StuckInfo struct {
+	// Cursor is the cursor it keeps asking for; Seq is the event after it,
+	// the one it cannot get past.
+	Cursor     int64      `json:"cursor"`
+	Seq        int64      `json:"seq"`
+	Event      *EventInfo `json:"event,omitempty"`
+	Reconnects int        `json:"reconnects"`
+	Since      time.Time  `json:"since"`
+}
+
+// ConsumerReport is what the admin API shows of one consumer.
+type ConsumerReport struct {
+	IP          string       `json:"ip"`
+	UserAgent   string       `json:"userAgent"`
+	Connections int64        `json:"connections"`
+	Refused     int64        `json:"refused"`
+	Active      int          `json:"active"`
+	LastSeen    time.Time    `json:"lastSeen"`
+	Recent      []ConnRecord `json:"recent"`
+	Stuck       *StuckInfo   `json:"stuck,omitempty"`
+}
+
+// Health tracks consumers. It is safe for concurrent use; the per-frame
+// path (Conn.Sent) takes no lock.
+type Health struct {
+	cfg HealthConfig
+	log *slog.Logger
+
+	mu        sync.Mutex
+	consumers map[consumerKey]*list.Element // of *consumer
+	order     *list.List                    // front = most recently seen
+}
+
+type consumerKey struct{ ip, ua string }
+
+type consumer struct {
+	key         consumerKey
+	connections int64
+	refused     int64
+	active      int
+	lastSeen    time.Time
+	recent      []*Conn // oldest first
+	stuck       *StuckInfo
+}
+
+// NewHealth returns an empty tracker.
+func NewHealth(cfg HealthConfig) *Health {
+	if cfg.History <= 0 {
+		cfg.History = 20
+	}
+	if cfg.StuckAfter <= 0 {
+		cfg.StuckAfter = 3
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 10 * time.Minute
+	}
+	if cfg.MaxConsumers <= 0 {
+		cfg.MaxConsumers = 10_000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Health{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "firehose-health"),
+		consumers: map[consumerKey]*list.Element{},
+		order:     list.New(),
+	}
+}
+
+// Conn is one tracked subscription.
+type Conn struct {
+	h       *Health
+	c       *consumer
+	started time.Time
+	cursor  *int64
+	frames  atomic.Int64
+	lastSeq atomic.Int64
+
+	// Set once by End, under h.mu.
+	ended  time.Time
+	reason EndReason
+}
+
+// Start records a new subscription by ip/ua asking for cursor.
+func (h *Health) Start(ip, ua string, cursor *int64) *Conn {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.touch(consumerKey{ip, ua}, now)
+	c.connections++
+	c.active++
+	conn := &Conn{h: h, c: c, started: now}
+	if cursor != nil {
+		v := *cursor
+		conn.cursor = &v
+	}
+	c.recent = append(c.recent, conn)
+	if len(c.recent) > h.cfg.History {
+		c.recent = c.recent[len(c.recent)-h.cfg.History:]
+	}
+	return conn
+}
+
+// Refused counts an upgrade refused before it became a subscription.
+func (h *Health) Refused(ip, ua string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.touch(consumerKey{ip, ua}, time.Now()).refused++
+}
+
+// touch finds or adds a consumer, marking it most recently seen. h.mu held.
+func (h *Health) touch(k consumerKey, now time.Time) *consumer {
+	if el, ok := h.consumers[k]; ok {
+		h.order.MoveToFront(el)
+		c := el.Value.(*consumer)
+		c.lastSeen = now
+		return c
+	}
+	c := &consumer{key: k, lastSeen: now}
+	h.consumers[k] = h.order.PushFront(c)
+	for len(h.consumers) > h.cfg.MaxConsumers {
+		old := h.order.Back()
+		h.order.Remove(old)
+		delete(h.consumers, old.Value.(*consumer).key)
+	}
+	return c
+}
+
+// Sent records that the frame of seq went out. Lock-free: it runs per frame.
+func (c *Conn) Sent(seq int64) {
+	c.frames.Add(1)
+	if seq > 0 {
+		c.lastSeq.Store(seq)
+	}
+}
+
+// End records why the subscription ended and checks whether the consumer is
+// now stuck. Only the first call counts.
+func (c *Conn) End(reason EndReason) {
+	h := c.h
+	h.mu.Lock()
+	if !c.ended.IsZero() {
+		h.mu.Unlock()
+		return
+	}
+	c.ended, c.reason = time.Now(), reason
+	c.c.active--
+	report, fresh := h.checkStuck(c.c)
+	h.mu.Unlock()
+	if fresh {
+		go h.announce(report)
+	}
+}
+
+// checkStuck flags the consumer when its last StuckAfter ended connections,
+// all within Window, asked for the same cursor and were sent something: a
+// consumer that keeps coming back for the same place is not getting past
+// the event there, whatever we wrote to its socket. It returns the report
+// and whether the incident is new. h.mu held.
+func (h *Health) checkStuck(c *consumer) (ConsumerReport, bool) {
+	var ended []*Conn
+	for i := len(c.recent) - 1; i >= 0 && len(ended) < h.cfg.StuckAfter; i-- {
+		if !c.recent[i].ended.IsZero() {
+			ended = append(ended, c.recent[i])
+		}
+	}
+	if len(ended) == 0 {
+		return ConsumerReport{}, false
+	}
+	last := ended[0]
+	if last.cursor == nil || (c.stuck != nil && *last.cursor != c.stuck.Cursor) {
+		if c.stuck != nil {
+			h.log.Info("firehose consumer recovered", "ip", c.key.ip, "user_agent", c.key.ua, "was_stuck_at", c.stuck.Seq)
+		}
+		c.stuck = nil
+		return ConsumerReport{}, false
+	}
+	if c.stuck != nil {
+		c.stuck.Reconnects++
+		return ConsumerReport{}, false
+	}
+	if len(ended) < h.cfg.StuckAfter {
+		return ConsumerReport{}, false
+	}
+	cutoff := time.Now().Add(-h.cfg.Window)
+	sent := false
+	for _, e := range ended {
+		if e.cursor == nil || *e.cursor != *last.cursor || e.started.Before(cutoff) {
+			return ConsumerReport{}, false
+		}
+		sent = sent || e.frames.Load() > 0
+	}
+	if !sent {
+		// Nothing after the cursor yet: a consumer at the head that
+		// reconnects is not stuck.
+		return ConsumerReport{}, false
+	}
+	c.stuck = &StuckInfo{Cursor: *last.cursor, Seq: *last.cursor + 1, Reconnects: len(ended), Since: ended[len(ended)-1].started}
+	return h.report(c), true
+}
+
+// announce fills in the event and warns, once per incident.
+func (h *Health) announce(r ConsumerReport) {
+	if h.cfg.Inspect != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if ev, err := h.cfg.Inspect(ctx, r.Stuck.Cursor+1); err == nil && ev != nil {
+			h.mu.Lock()
+			if el, ok := h.consumers[consumerKey{r.IP, r.UserAgent}]; ok {
+				if c := el.Value.(*consumer); c.stuck != nil && c.stuck.Cursor == r.Stuck.Cursor {
+					c.stuck.Seq, c.stuck.Event = ev.Seq, ev
+				}
+			}
+			h.mu.Unlock()
+			r.Stuck.Seq, r.Stuck.Event = ev.Seq, ev
+		}
+	}
+	attrs := []any{"ip", r.IP, "user_agent", r.UserAgent, "cursor", r.Stuck.Cursor, "seq", r.Stuck.Seq, "reconnects", r.Stuck.Reconnects}
+	if ev := r.Stuck.Event; ev != nil {
+		attrs = append(attrs, "kind", ev.Kind, "did", ev.DID, "frame_bytes", ev.FrameBytes, "blocks_bytes", ev.BlocksBytes, "ops", ev.Ops)
+		if len(ev.Problems) > 0 {
+			attrs = append(attrs, "breaks_limits", ev.Problems)
+		}
+	}
+	h.log.Warn("firehose consumer is stuck: it keeps reconnecting at the same cursor and never gets past the next event; inspect it with `bulwark admin firehose events --from SEQ` and repair with `bulwark admin firehose rewrite-as-sync --seq SEQ`", attrs...)
+	if h.cfg.OnStuck != nil {
+		h.cfg.OnStuck(r)
+	}
+}
+
+// report copies a consumer's state. h.mu held.
+func (h *Health) report(c *consumer) ConsumerReport {
+	r := ConsumerReport{
+		IP: c.key.ip, UserAgent: c.key.ua, Connections: c.connections, Refused: c.refused,
+		Active: c.active, LastSeen: c.lastSeen, Recent: make([]ConnRecord, 0, len(c.recent)),
+	}
+	for _, conn := range c.recent {
+		r.Recent = append(r.Recent, ConnRecord{
+			Started: conn.started, Ended: conn.ended, Cursor: conn.cursor,
+			Frames: conn.frames.Load(), LastSeq: conn.lastSeq.Load(), Reason: conn.reason,
+		})
+	}
+	if c.stuck != nil {
+		s := *c.stuck
+		r.Stuck = &s
+	}
+	return r
+}
+
+// Consumers reports every tracked consumer, stuck ones first, then most
+// recently seen.
+func (h *Health) Consumers() []ConsumerReport {
+	h.mu.Lock()
+	out := make([]ConsumerReport, 0, len(h.consumers))
+	for el := h.order.Front(); el != nil; el = el.Next() {
+		out = append(out, h.report(el.Value.(*consumer)))
+	}
+	h.mu.Unlock()
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Stuck != nil && out[j].Stuck == nil })
+	return out
+}
+
+// StuckCount is how many consumers are stuck now (for metrics).
+func (h *Health) StuckCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, el := range h.consumers {
+		if el.Value.(*consumer).stuck != nil {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,110 @@
+package firehose
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	var stuck []ConsumerReport
+	h := NewHealth(HealthConfig{
+		StuckAfter: 3,
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+			return &EventInfo{Seq: seq + 3, Kind: KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
+		},
+		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
+	})
+	cursor := int64(41)
+	connect := func(ip string, cur *int64, frames int) {
+		c := h.Start(ip, "relay/1", cur)
+		for i := range frames {
+			c.Sent(cursor + 1 + int64(i))
+		}
+		c.End(EndReadError)
+	}
+	// A healthy relay advancing its cursor is never stuck.
+	for i := range 10 {
+		c := int64(i * 10)
+		connect("10.0.0.2", &c, 5)
+	}
+	// Live-only and head-of-stream reconnects are not stuck either.
+	for range 5 {
+		connect("10.0.0.3", nil, 3)
+		connect("10.0.0.4", &cursor, 0)
+	}
+	// The stuck relay: same cursor, a frame sent, dropped, again and again.
+	for range 2 {
+		connect("10.0.0.1", &cursor, 1)
+	}
+	require.Nil(t, findConsumer(h, "10.0.0.1").Stuck, "two reconnects are not yet an incident")
+	for range 5 {
+		connect("10.0.0.1", &cursor, 1)
+	}
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 })
+	r := findConsumer(h, "10.0.0.1")
+	require.NotNil(t, r.Stuck)
+	require.Equal(t, cursor, r.Stuck.Cursor)
+	require.Equal(t, cursor+4, r.Stuck.Seq, "the event after the cursor, as the log reports it")
+	require.Equal(t, 7, r.Stuck.Reconnects)
+	require.Equal(t, 1, h.StuckCount())
+	require.Equal(t, 1, bytes.Count(logs.Bytes(), []byte("consumer is stuck")), "one warning per incident")
+	for _, ip := range []string{"10.0.0.2", "10.0.0.3", "10.0.0.4"} {
+		require.Nil(t, findConsumer(h, ip).Stuck, ip)
+	}
+	require.Equal(t, "10.0.0.1", h.Consumers()[0].IP, "stuck consumers are listed first")
+
+	// Once repaired the relay moves on: the incident ends.
+	next := cursor + 4
+	connect("10.0.0.1", &next, 3)
+	require.Nil(t, findConsumer(h, "10.0.0.1").Stuck)
+	require.Equal(t, 0, h.StuckCount())
+}
+
+func TestHealthBoundedMemory(t *testing.T) {
+	t.Parallel()
+	h := NewHealth(HealthConfig{MaxConsumers: 100, History: 4})
+	for i := range 10_000 {
+		h.Start(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), "x", nil).End(EndClientClosed)
+		h.Refused("192.0.2.1", fmt.Sprint(i))
+	}
+	require.LessOrEqual(t, len(h.Consumers()), 100)
+	for range 50 {
+		h.Start("10.9.9.9", "x", nil).End(EndClientClosed)
+	}
+	r := findConsumer(h, "10.9.9.9")
+	require.Len(t, r.Recent, 4)
+	require.Equal(t, int64(50), r.Connections)
+}
+
+func findConsumer(h *Health, ip string) ConsumerReport {
+	for _, r := range h.Consumers() {
+		if r.IP == ip {
+			return r
+		}
+	}
+	return ConsumerReport{}
+}
+
+// waitFor polls cond until it holds (the stuck announcement runs in its own
+// goroutine); the deadline only bounds a failing test.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
