@@ -246,12 +246,17 @@ func encodeRecord(path string, collection syntax.NSID, rec map[string]any) ([]by
 	if typ != string(collection) {
 		return nil, cid.Undef, fmt.Errorf("%w: record $type %q does not match collection %q", ErrInvalidWrite, typ, collection)
 	}
-	if err := atdata.Validate(rec); err != nil {
-		return nil, cid.Undef, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, path, err)
-	}
 	block, err := atdata.MarshalCBOR(rec)
 	if err != nil {
 		return nil, cid.Undef, fmt.Errorf("%w: %s cannot be encoded as DAG-CBOR: %v", ErrInvalidWrite, path, err)
+	}
+	if len(block) <= MaxRecordCBORBytes {
+		// Check the data model on the bytes that will be stored (no floats,
+		// valid blob and link shapes, depth and size bounds), whatever the
+		// caller built the map from.
+		if _, err := atdata.UnmarshalCBOR(block); err != nil {
+			return nil, cid.Undef, fmt.Errorf("%w: %s is not valid atproto data: %v", ErrInvalidWrite, path, err)
+		}
 	}
 	if len(block) > MaxRecordCBORBytes {
 		return nil, cid.Undef, &LimitError{Limit: LimitRecordCBOR, Path: path, Size: len(block), Max: MaxRecordCBORBytes}

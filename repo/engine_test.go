@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/bluesky-social/indigo/atproto/atdata"
 	atrepo "github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
@@ -434,4 +435,24 @@ func carBlocks(t *testing.T, data []byte) map[string]bool {
 		require.NoError(t, err)
 		out[blk.Cid().String()] = true
 	}
+}
+
+// TestRecordDataModel checks records parsed from JSON with blobs and links
+// are accepted, and data outside the data model (floats) refused.
+func TestRecordDataModel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	did := b.newRepo(t, 1)
+	rec, err := atdata.UnmarshalJSON([]byte(`{"$type":"app.bsky.feed.post","text":"img","createdAt":"2026-11-29T00:00:00Z",
+		"embed":{"$type":"app.bsky.embed.images","images":[{"alt":"","image":{"$type":"blob","ref":{"$link":"bafkreibme22gw2h7y2h7tg2fhqotaqjucnbc24deqo72b6mkl2egezxhvy"},"mimeType":"image/png","size":1234}}]},
+		"link":{"$link":"bafyreihrc63342qcxx3ecernuq7pyngzrmhjv23svuxgh6ieimy5zepjkq"}}`))
+	require.NoError(t, err)
+	_, err = b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "withblob", rec)}, nil)
+	require.NoError(t, err)
+
+	before := b.counts(t)
+	_, err = b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "float", map[string]any{"$type": "app.bsky.feed.post", "n": 1.5})}, nil)
+	require.ErrorIs(t, err, ErrInvalidWrite)
+	require.Equal(t, before, b.counts(t))
 }
