@@ -17,6 +17,9 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Defaults that operators see in --help and the README. They are constants so
@@ -32,6 +35,13 @@ const (
 	DefaultFirehoseRetention = 72 * time.Hour
 	DefaultShutdownTimeout   = 30 * time.Second
 	DefaultLogFormat         = "text"
+
+	// DefaultBlobMaxBytes is the largest blob uploadBlob accepts: 100 MiB,
+	// the reference PDS installer's PDS_BLOB_UPLOAD_LIMIT.
+	DefaultBlobMaxBytes = 100 << 20
+	// DefaultBlobTempTTL is how long an uploaded blob that no record
+	// refers to is kept before it is deleted.
+	DefaultBlobTempTTL = time.Hour
 
 	// DefaultMaxJSONBody is the largest JSON procedure body accepted: the
 	// data-model limit for one JSON record (MAX_JSON_RECORD_SIZE, 2 MiB).
@@ -83,6 +93,23 @@ type Config struct {
 	HandleDomains []string
 	// BlobDir stores blobs on disk. Default: DataDir/blobs.
 	BlobDir string
+	// BlobMaxBytes is the largest blob uploadBlob accepts, in bytes.
+	BlobMaxBytes int64
+	// BlobTempTTL is how long an uploaded blob no record refers to is
+	// kept (also after its last record is deleted).
+	BlobTempTTL time.Duration
+	// BlobS3Bucket, when set, keeps blobs in this S3-compatible bucket
+	// instead of BlobDir.
+	BlobS3Bucket string
+	// BlobS3Endpoint is the S3 service's base URL; empty means AWS.
+	BlobS3Endpoint string
+	// BlobS3Region is the bucket's region (default us-east-1).
+	BlobS3Region string
+	// BlobS3AccessKey and BlobS3SecretKey are static S3 credentials;
+	// empty means the AWS default chain (environment, instance role).
+	BlobS3AccessKey string
+	// BlobS3SecretKey goes with BlobS3AccessKey.
+	BlobS3SecretKey string
 	// Crawlers are relay base URLs notified (requestCrawl) after writes.
 	Crawlers []string
 	// AppViewURL and AppViewDID are the default proxy target for XRPC
@@ -108,8 +135,20 @@ type Config struct {
 	MetricsListen string
 	// InflightBudget caps the bytes of expensive responses (CAR exports,
 	// firehose backfill, blobs) in flight at once. Zero means sized from
-	// the machine's memory by Finalize.
+	// the process's memory by Finalize (budget.DefaultCapacity).
 	InflightBudget int64
+	// InflightQueue is how many expensive requests may wait for the budget
+	// (and, separately, for a getRepo export slot); one more is answered
+	// 503 ServiceOverloaded at once. Zero means no waiting at all.
+	InflightQueue int
+	// RateLimits is empty (the reference PDS's limits), "off", or
+	// overrides like "global=6000/5m;createSession=10/5m,100/1d"; see
+	// RateLimitPolicies.
+	RateLimits string
+	// RateLimitMaxKeys bounds the clients (IPs, DIDs) each rate limiter
+	// tracks at once, so that a flood of distinct addresses costs bounded
+	// memory.
+	RateLimitMaxKeys int
 	// MaxJSONBody is the largest JSON procedure body accepted, in bytes.
 	MaxJSONBody int64
 	// InviteRequired makes createAccount require an invite code.
@@ -148,7 +187,11 @@ func DefaultConfig() *Config {
 		FirehoseBurst:     DefaultFirehoseBurst,
 		FirehoseRetention: DefaultFirehoseRetention,
 		MaxJSONBody:       DefaultMaxJSONBody,
+		InflightQueue:     DefaultInflightQueue,
+		RateLimitMaxKeys:  ratelimit.DefaultMaxKeys,
 		ShutdownTimeout:   DefaultShutdownTimeout,
+		BlobMaxBytes:      DefaultBlobMaxBytes,
+		BlobTempTTL:       DefaultBlobTempTTL,
 		LogLevel:          slog.LevelInfo,
 		LogFormat:         DefaultLogFormat,
 	}
@@ -183,7 +226,7 @@ func (c *Config) Finalize() error {
 		c.BlobDir = abs
 	}
 	if c.InflightBudget == 0 {
-		c.InflightBudget = budgetFromMemory()
+		c.InflightBudget = budget.DefaultCapacity()
 	}
 	return c.Validate()
 }
@@ -267,8 +310,34 @@ func (c *Config) Validate() error {
 			return settingError("metrics-listen", "must differ from --listen: metrics and pprof are private")
 		}
 	}
+	if c.BlobMaxBytes < 1 {
+		return settingError("blob-max-bytes", "must be positive")
+	}
+	if c.BlobTempTTL <= 0 {
+		return settingError("blob-temp-ttl", "must be positive")
+	}
+	if c.BlobS3Endpoint != "" {
+		if err := checkURL(c.BlobS3Endpoint); err != nil {
+			return settingError("blob-s3-endpoint", "%v", err)
+		}
+		if c.BlobS3Bucket == "" {
+			return settingError("blob-s3-bucket", "must be set with --blob-s3-endpoint")
+		}
+	}
+	if (c.BlobS3AccessKey == "") != (c.BlobS3SecretKey == "") {
+		return settingError("blob-s3-access-key", "--blob-s3-access-key and --blob-s3-secret-key are set together or not at all")
+	}
 	if c.InflightBudget < 1<<20 {
 		return settingError("inflight-budget", "must be at least 1MiB")
+	}
+	if c.InflightQueue < 0 {
+		return settingError("inflight-queue", "must not be negative")
+	}
+	if _, err := c.RateLimitPolicies(); err != nil {
+		return settingError("ratelimits", "%v", err)
+	}
+	if c.RateLimitMaxKeys < 1 {
+		return settingError("ratelimit-max-keys", "must be at least 1")
 	}
 	if c.MaxJSONBody < 1024 {
 		return settingError("max-json-body", "must be at least 1KiB")

@@ -36,6 +36,13 @@ func (c *Config) settings() []setting {
 		{"plc-rotation-key", "PDS PLC rotation key (K-256 private key, hex or multibase); unset = generated", (*secretValue)(&c.PLCRotationKey)},
 		{"handle-domains", "comma-separated handle suffixes users may register, like .example.com (default .<hostname>)", (*listValue)(&c.HandleDomains)},
 		{"blob-dir", "blob storage directory (default <data-dir>/blobs)", (*stringValue)(&c.BlobDir)},
+		{"blob-max-bytes", "largest blob upload, like 100MiB", (*byteSize)(&c.BlobMaxBytes)},
+		{"blob-temp-ttl", "how long an uploaded blob no record refers to is kept", (*durationValue)(&c.BlobTempTTL)},
+		{"blob-s3-bucket", "keep blobs in this S3-compatible bucket instead of --blob-dir", (*stringValue)(&c.BlobS3Bucket)},
+		{"blob-s3-endpoint", "S3 service base URL, like https://s3.example.com (default AWS)", (*stringValue)(&c.BlobS3Endpoint)},
+		{"blob-s3-region", "S3 bucket region (default us-east-1)", (*stringValue)(&c.BlobS3Region)},
+		{"blob-s3-access-key", "S3 access key; unset = AWS default credential chain", (*stringValue)(&c.BlobS3AccessKey)},
+		{"blob-s3-secret-key", "S3 secret key", (*secretValue)(&c.BlobS3SecretKey)},
 		{"crawlers", "comma-separated relay URLs to notify with requestCrawl", (*listValue)(&c.Crawlers)},
 		{"appview-url", "default proxy target for methods served elsewhere", (*stringValue)(&c.AppViewURL)},
 		{"appview-did", "service DID of --appview-url", (*stringValue)(&c.AppViewDID)},
@@ -44,7 +51,10 @@ func (c *Config) settings() []setting {
 		{"firehose-retention", "how long firehose events are kept for cursor replay", (*durationValue)(&c.FirehoseRetention)},
 		{"trusted-proxies", "comma-separated CIDRs whose X-Forwarded-For is believed", (*prefixListValue)(&c.TrustedProxies)},
 		{"metrics-listen", "private address for /metrics and pprof; unset = off", (*stringValue)(&c.MetricsListen)},
-		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: sized from memory)", (*byteSize)(&c.InflightBudget)},
+		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: a quarter of memory, 16MiB-1GiB)", (*byteSize)(&c.InflightBudget)},
+		{"inflight-queue", "expensive requests that may wait for the in-flight budget before the next gets 503 (0 = no waiting)", (*intValue)(&c.InflightQueue)},
+		{"ratelimits", "rate limits: empty = the reference PDS's, off, or overrides like global=6000/5m;createSession=10/5m,100/1d", (*stringValue)(&c.RateLimits)},
+		{"ratelimit-max-keys", "clients (IPs, DIDs) each rate limiter tracks at once", (*intValue)(&c.RateLimitMaxKeys)},
 		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
 		{"invite-required", "require an invite code to create an account", (*boolValue)(&c.InviteRequired)},
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
@@ -98,7 +108,7 @@ func (c *Config) LogValue() slog.Value {
 func (c *Config) Redacted() *Config {
 	r := *c
 	r.envErrs = nil
-	for _, p := range []*string{&r.AdminPassword, &r.JWTSecret, &r.PLCRotationKey} {
+	for _, p := range []*string{&r.AdminPassword, &r.JWTSecret, &r.PLCRotationKey, &r.BlobS3SecretKey} {
 		if *p != "" {
 			*p = RedactedText
 		}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -202,45 +201,4 @@ func (c *Config) PLCRotationPrivateKey() (*atcrypto.PrivateKeyK256, error) {
 		return nil, settingError("plc-rotation-key", "not set (call EnsureSecrets first)")
 	}
 	return ParseRotationKey(c.PLCRotationKey)
-}
-
-// budgetFromMemory sizes InflightBudget at an eighth of the memory the
-// process may use (the cgroup limit when there is one, else the machine's),
-// between 64 MiB and 1 GiB: enough for several large CAR exports at once,
-// small enough that a burst of them cannot push the server out of memory.
-func budgetFromMemory() int64 {
-	const (
-		lo, hi   = 64 << 20, 1 << 30
-		fallback = 256 << 20
-	)
-	mem := memoryLimit()
-	if mem <= 0 {
-		return fallback
-	}
-	return min(max(mem/8, lo), hi)
-}
-
-func memoryLimit() int64 {
-	var total int64
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-				if err == nil {
-					total = kb << 10
-				}
-			}
-		}
-	}
-	for _, p := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err == nil && n > 0 && (total == 0 || n < total) {
-			total = n
-		}
-	}
-	return total
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 
-	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
 	car "github.com/ipld/go-car"
@@ -43,35 +42,18 @@ func Oversized(ev *Event) bool {
 
 // syncFrame builds the #sync frame that replaces an oversized #commit or
 // #sync: same seq, repo and rev, with a CAR holding only the signed commit
-// block, which tells consumers to re-fetch the repo with getRepo.
+// block, which tells consumers to re-fetch the repo with getRepo. The stored
+// body is read with the minimal reader of syncFromStored, since cbor-gen
+// refuses the byte strings over 2 MiB such events carry.
 func syncFrame(ev *Event) ([]byte, error) {
-	var blocks []byte
-	var did, rev, at string
-	r := bytes.NewReader(ev.Body)
-	switch ev.Kind {
-	case KindCommit:
-		var c comatproto.SyncSubscribeRepos_Commit
-		if err := c.UnmarshalCBOR(r); err != nil {
-			return nil, fmt.Errorf("decoding stored #commit: %w", err)
-		}
-		blocks, did, rev, at = c.Blocks, c.Repo, c.Rev, c.Time
-	case KindSync:
-		var s comatproto.SyncSubscribeRepos_Sync
-		if err := s.UnmarshalCBOR(r); err != nil {
-			return nil, fmt.Errorf("decoding stored #sync: %w", err)
-		}
-		blocks, did, rev, at = s.Blocks, s.Did, s.Rev, s.Time
-	default:
-		return nil, fmt.Errorf("cannot replace a #%s event with #sync", ev.Kind)
-	}
-	commitCAR, err := commitOnlyCAR(blocks)
+	body, err := syncFromStored(ev)
 	if err != nil {
 		return nil, err
 	}
-	if at == "" {
-		at = syntax.DatetimeNow().String()
+	body.Seq = ev.Seq
+	if body.Time == "" {
+		body.Time = syntax.DatetimeNow().String()
 	}
-	body := comatproto.SyncSubscribeRepos_Sync{Seq: ev.Seq, Did: did, Rev: rev, Blocks: commitCAR, Time: at}
 	var buf bytes.Buffer
 	buf.Write(headerBytes[KindSync])
 	if err := body.MarshalCBOR(&buf); err != nil {

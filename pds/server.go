@@ -35,7 +35,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -68,6 +74,31 @@ type Options struct {
 	Logger *slog.Logger
 	// Version is reported by /xrpc/_health and the banner.
 	Version string
+	// Firehose serves com.atproto.sync.subscribeRepos; the caller runs it
+	// (Hub.Run). Nil leaves the method unimplemented.
+	Firehose *firehose.Hub
+	// FirehoseAdmission, when set, replaces the subscribeRepos admission
+	// settings derived from Config (tests, benchmarks).
+	FirehoseAdmission *firehose.AdmissionConfig
+	// Accounts manages accounts and sessions. Nil leaves the account,
+	// session, identity and repo methods unimplemented.
+	Accounts *account.Service
+	// Repo is the repository engine. Nil leaves the repo and sync methods
+	// unimplemented.
+	Repo *repo.Engine
+	// Blobs stores and serves blobs. Nil leaves uploadBlob, getBlob,
+	// listBlobs and listMissingBlobs unimplemented.
+	Blobs *blob.Service
+	// Budget is the in-flight byte budget expensive responses reserve
+	// from (getRepo, getBlob, proofs, block lists, large records). Nil
+	// means no budget.
+	Budget *budget.Budget
+	// Limits are the rate limiters (ratelimit.NewSet). Nil means none.
+	Limits *ratelimit.Set
+	// ExportSlots bounds concurrent getRepo exports, each of which holds
+	// a Postgres connection while the client reads. Zero means a quarter
+	// of DB's pool; negative means no bound.
+	ExportSlots int
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -89,6 +120,22 @@ type Server struct {
 
 	shutdownMu    sync.Mutex
 	shutdownHooks []func()
+
+	firehose           *firehose.Hub
+	subscribeAdmission *firehose.Admission
+	subscribeRefusals  refusalLog
+
+	accounts  *account.Service
+	repo      *repo.Engine
+	directory identityResolver
+
+	blobs *blob.Service
+	// callerDID, when set (tests), replaces session auth for the blob
+	// methods: it returns the calling account.
+	callerDID callerFunc
+
+	// protect holds the rate limits and budgets (limits.go).
+	protect protection
 }
 
 // New builds a Server and registers its routes.
@@ -116,6 +163,14 @@ func New(opts Options) (*Server, error) {
 		methods:       map[string]*method{},
 		unknownMethod: methodNotImplemented,
 	}
+	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
+	s.blobs = opts.Blobs
+	s.protect = newProtection(opts)
+	if opts.Firehose != nil {
+		s.firehose = opts.Firehose
+		s.subscribeAdmission = newSubscribeAdmission(opts)
+		s.onShutdown(opts.Firehose.Close)
+	}
 	s.routes()
 	s.handler = s.observe(cors(s.mux))
 	return s, nil
@@ -126,9 +181,20 @@ func New(opts Options) (*Server, error) {
 func (s *Server) routes() {
 	// Operations.
 	s.query("_health", s.handleHealth)
+	s.registerAdminFirehoseRoutes()
+	s.registerAccountRoutes()
+	s.registerSessionRoutes()
+	s.registerIdentityRoutes()
+	s.registerRepoRoutes()
+	s.registerSyncRoutes()
 
 	// com.atproto.server
 	s.query("com.atproto.server.describeServer", s.handleDescribeServer)
+
+	// com.atproto.sync
+	if s.firehose != nil {
+		s.query("com.atproto.sync.subscribeRepos", s.handleSubscribeRepos, longRunning())
+	}
 
 	// Paths outside /xrpc.
 	s.mux.HandleFunc("GET /{$}", s.handleRoot)
@@ -233,6 +299,11 @@ func (s *Server) observe(next http.Handler) http.Handler {
 			if r.URL.Path == "/xrpc/_health" {
 				level = slog.LevelDebug
 			}
+			if status == http.StatusTooManyRequests && r.URL.Path == subscribeReposPath {
+				// A reconnect flood would otherwise write a log line per
+				// refusal; handleSubscribeRepos logs a summary instead.
+				level = slog.LevelDebug
+			}
 			s.logger.LogAttrs(ctx, level, "request",
 				slog.String("request_id", id),
 				slog.String("method", r.Method),
@@ -243,6 +314,7 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				slog.String("client", s.clientIP(r).String()),
 				slog.String("user_agent", r.UserAgent()),
 			)
+			s.observeRequest(r, status, rec.hijacked, time.Since(start))
 		}()
 		defer func() {
 			v := recover()

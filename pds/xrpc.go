@@ -172,6 +172,18 @@ func xrpcErrorFor(err error) *XRPCError {
 	// Domain sentinels go here, most specific first.
 
 	default:
+		if xe := adminFirehoseErrorFor(err); xe != nil {
+			return xe
+		}
+		if xe := accountErrorFor(err); xe != nil {
+			return xe
+		}
+		if xe := blobErrorFor(err); xe != nil {
+			return xe
+		}
+		if xe := limitErrorFor(err); xe != nil {
+			return xe
+		}
 		e := InternalServerError()
 		e.Err = err
 		return e
@@ -457,6 +469,11 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 		s.writeError(w, r, MethodNotAllowed("POST", "%s is a procedure: use POST", nsid))
+		return
+	}
+	// Before the body is read or any work is done: a refusal is cheap.
+	if err := s.globalLimit(w, r, m); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	if m.longRunning {

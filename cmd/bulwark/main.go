@@ -3,6 +3,7 @@
 //	bulwark serve [flags]            run the server (managed Postgres unless --database-url)
 //	bulwark migrate [flags] up       apply pending database migrations
 //	bulwark migrate [flags] status   list migrations and whether they are applied
+//	bulwark admin [flags] COMMAND    inspect and repair a running server (firehose, audit)
 //	bulwark version                  print the version
 //
 // Every flag has a BULWARK_* environment variable (see `bulwark serve -h`
@@ -42,6 +43,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runServe(ctx, rest, stderr)
 	case "migrate":
 		return runMigrate(ctx, rest, stdout, stderr)
+	case "dev-plc":
+		return runDevPLC(ctx, rest, stderr)
+	case "admin":
+		return runAdmin(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "bulwark %s (%s, %s/%s)\n", Version(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
@@ -62,6 +67,9 @@ Usage:
   bulwark serve [flags]             run the server
   bulwark migrate [flags] up        apply pending database migrations
   bulwark migrate [flags] status    show which migrations are applied
+  bulwark admin COMMAND             inspect and repair a running server
+                                    ("bulwark admin -h" lists the commands)
+  bulwark dev-plc [flags]           run a local PLC directory for development
   bulwark version                   print the version
 
 Run "bulwark serve -h" for the settings; each flag has a BULWARK_*

@@ -12,12 +12,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/pds"
+	"github.com/bulwark-pds/bulwark/repo"
 )
 
 // stopTimeout bounds closing the pool and stopping the managed Postgres
@@ -88,9 +90,44 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
-	srv, err := pds.New(pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version()})
+	// Background services run beside the HTTP server: started once the
+	// database is migrated, stopped after the HTTP server has drained and
+	// before the pool closes. Add one as a line here (sequencer, firehose
+	// hub, crawl notifier, ...).
+	var services []service
+	sequencer, hub, firehoseServices := newFirehose(cfg, d.Pool, logger)
+	services = append(services, firehoseServices...)
+	protect, err := newProtection(cfg, d.Pool, sequencer, logger)
 	if err != nil {
 		return err
+	}
+	services = append(services, protect.services...)
+
+	blobs, err := newBlobService(ctx, cfg, d.Pool, logger)
+	if err != nil {
+		return err
+	}
+	services = append(services, service{name: "blob collector", run: blobs.Run})
+	accounts, engine, err := newAccountStack(cfg, d.Pool, sequencer, repo.Config{Blobs: blobs}, logger)
+	if err != nil {
+		return err
+	}
+	srv, err := pds.New(pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits})
+	if err != nil {
+		return err
+	}
+	svcCtx, stopServices := context.WithCancel(context.Background())
+	defer stopServices()
+	svcErr := make(chan error, len(services))
+	var svcWG sync.WaitGroup
+	for _, svc := range services {
+		svcWG.Add(1)
+		go func() {
+			defer svcWG.Done()
+			if err := svc.run(svcCtx); err != nil && svcCtx.Err() == nil {
+				svcErr <- fmt.Errorf("%s: %w", svc.name, err)
+			}
+		}()
 	}
 	hs := srv.HTTPServer()
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -111,6 +148,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		runErr = fmt.Errorf("http server: %w", err)
 	case <-d.Done():
 		runErr = errors.New("managed postgres exited unexpectedly; see <data-dir>/postgres/postgres.log")
+	case err := <-svcErr:
+		runErr = err
 	}
 	// A second signal now kills the process at once, for an operator who
 	// does not want to wait for the drain.
@@ -128,5 +167,15 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		}
 	}
 	logger.Info("http server stopped")
+	stopServices()
+	svcWG.Wait()
 	return runErr
+}
+
+// service is a long-running part of the server beside the HTTP listener.
+// run works until ctx ends and then returns; an error before that stops
+// the whole server.
+type service struct {
+	name string
+	run  func(ctx context.Context) error
 }

@@ -226,11 +226,14 @@ func TestServeLifecycle(t *testing.T) {
 	// kill -9: the postmaster survives as an orphan and pid files stay.
 	require.NoError(t, p.cmd.Process.Kill())
 	p.wait(t)
-	require.FileExists(t, filepath.Join(dataDir, ManagedPostgresDir, "data", "postmaster.pid"))
+	orphan := postmasterPid(t, dataDir)
+	require.NotZero(t, orphan, "postmaster.pid survives kill -9")
+	require.NoError(t, syscall.Kill(orphan, 0), "the postmaster outlives its parent")
 
 	// Start after the crash: the orphan is dealt with, the data is intact.
 	p = start("start after kill -9")
 	require.Equal(t, pw, secret())
+	require.NotEqual(t, orphan, postmasterPid(t, dataDir), "a new postmaster replaced the orphan")
 	stop("start after kill -9", p)
 	require.Equal(t, status, runMigrateStatus(t, bin, env), "migrations applied once, at the first start")
 }
@@ -301,17 +304,32 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// postmasterPid reads the pid in the managed cluster's postmaster.pid, or 0.
+func postmasterPid(t *testing.T, dataDir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dataDir, ManagedPostgresDir, "data", "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(line))
+	return pid
+}
+
 // stopOrphanedPostgres ends a postmaster a failed test left behind, so that
 // it does not outlive the test run.
 func stopOrphanedPostgres(t *testing.T, dataDir string) {
-	b, err := os.ReadFile(filepath.Join(dataDir, ManagedPostgresDir, "data", "postmaster.pid"))
-	if err != nil {
+	pid := postmasterPid(t, dataDir)
+	if pid <= 0 {
 		return
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	if pid, err := strconv.Atoi(strings.TrimSpace(line)); err == nil && pid > 0 {
-		if syscall.Kill(pid, syscall.SIGQUIT) == nil {
-			t.Logf("stopped orphaned postgres %d", pid)
-		}
+	// Only a postmaster of this cluster: its working directory is the
+	// cluster's data directory. A stale file may name a reused pid.
+	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	if err != nil || cwd != filepath.Join(dataDir, ManagedPostgresDir, "data") {
+		return
+	}
+	if syscall.Kill(pid, syscall.SIGQUIT) == nil {
+		t.Logf("stopped orphaned postgres %d", pid)
 	}
 }

@@ -1,0 +1,133 @@
+package account
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+// Invite limits for one admin request.
+const (
+	MaxInviteCodesPerRequest = 1000
+	MaxInviteUses            = 1_000_000
+)
+
+// InviteAdmin is for_account of codes made by an administrator for nobody
+// in particular.
+const InviteAdmin = "admin"
+
+// InviteCode is an invite code and its uses.
+type InviteCode struct {
+	Code       string
+	Available  int
+	Disabled   bool
+	ForAccount string
+	CreatedBy  string
+	CreatedAt  time.Time
+	Uses       []InviteUse
+}
+
+// InviteUse is one account created with a code.
+type InviteUse struct {
+	UsedBy syntax.DID
+	UsedAt time.Time
+}
+
+// newInviteCode makes a code like the reference PDS's:
+// <host-with-dashes>-xxxxx-xxxxx.
+func (s *Service) newInviteCode() string {
+	host := strings.TrimPrefix(strings.TrimPrefix(s.cfg.PublicURL, "https://"), "http://")
+	host = strings.NewReplacer(".", "-", ":", "-").Replace(host)
+	b := make([]byte, 10)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = appPasswordAlphabet[int(b[i])%len(appPasswordAlphabet)]
+	}
+	return fmt.Sprintf("%s-%s-%s", host, b[:5], b[5:])
+}
+
+// CreateInviteCodes makes count codes of useCount uses for each of
+// forAccounts (InviteAdmin when empty).
+func (s *Service) CreateInviteCodes(ctx context.Context, count, useCount int, forAccounts []string, createdBy string) (map[string][]string, error) {
+	if count < 1 || count > MaxInviteCodesPerRequest {
+		return nil, ruleErr(ErrInvalidInviteCode, "codeCount must be between 1 and %d", MaxInviteCodesPerRequest)
+	}
+	if useCount < 1 || useCount > MaxInviteUses {
+		return nil, ruleErr(ErrInvalidInviteCode, "useCount must be between 1 and %d", MaxInviteUses)
+	}
+	if len(forAccounts) == 0 {
+		forAccounts = []string{InviteAdmin}
+	}
+	if len(forAccounts)*count > MaxInviteCodesPerRequest {
+		return nil, ruleErr(ErrInvalidInviteCode, "at most %d codes per request", MaxInviteCodesPerRequest)
+	}
+	out := map[string][]string{}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, acct := range forAccounts {
+			if acct != InviteAdmin {
+				if _, err := syntax.ParseDID(acct); err != nil {
+					return ruleErr(ErrInvalidInviteCode, "forAccounts: %q is not a DID", acct)
+				}
+			}
+			for range count {
+				code := s.newInviteCode()
+				if _, err := tx.Exec(ctx, qInsertInviteCode, code, useCount, acct, createdBy); err != nil {
+					return db.Translate(err)
+				}
+				out[acct] = append(out[acct], code)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// useInvite spends one use of code for did, inside the account's creation
+// transaction.
+func useInvite(ctx context.Context, tx pgx.Tx, code string, did syntax.DID) error {
+	var forAccount string
+	err := tx.QueryRow(ctx, qUseInviteCode, code).Scan(&forAccount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ruleErr(ErrInvalidInviteCode, "invite code %q is not valid or has no uses left", code)
+	}
+	if err != nil {
+		return db.Translate(err)
+	}
+	_, err = tx.Exec(ctx, qInsertInviteUse, code, did.String())
+	return db.Translate(err)
+}
+
+// AccountInviteCodes lists the codes made for did.
+func (s *Service) AccountInviteCodes(ctx context.Context, did syntax.DID) ([]InviteCode, error) {
+	rows, err := s.pool.Query(ctx, qListInviteCodesFor, did.String())
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	var out []InviteCode
+	var c InviteCode
+	var usedBy []string
+	var usedAt []time.Time
+	_, err = pgx.ForEachRow(rows, []any{&c.Code, &c.Available, &c.Disabled, &c.ForAccount, &c.CreatedBy, &c.CreatedAt, &usedBy, &usedAt}, func() error {
+		ic := c
+		ic.Uses = nil
+		for i := range usedBy {
+			ic.Uses = append(ic.Uses, InviteUse{UsedBy: syntax.DID(usedBy[i]), UsedAt: usedAt[i]})
+		}
+		out = append(out, ic)
+		return nil
+	})
+	return out, db.Translate(err)
+}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// newAccountStack builds the repository engine and the account service
+// over pool. waker (the firehose sequencer) may be nil. The signing-key
+// store is sealed with a key derived from the PLC rotation key (see
+// account.KeyStore for why that secret).
+func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, logger *slog.Logger) (*account.Service, *repo.Engine, error) {
+	rotation, err := cfg.PLCRotationPrivateKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	keys, err := account.NewKeyStore(pool, rotation.Bytes())
+	if err != nil {
+		return nil, nil, err
+	}
+	if repoCfg.Logger == nil {
+		repoCfg.Logger = logger
+	}
+	engine := repo.New(pool, keys, waker, repoCfg)
+	plcClient, err := plc.NewClient(cfg.PLCURL, rotation, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	accounts, err := account.New(account.Config{
+		Pool:           pool,
+		Keys:           keys,
+		Repo:           engine,
+		PLC:            plcClient,
+		Waker:          waker,
+		HandleDomains:  cfg.HandleDomains,
+		InviteRequired: cfg.InviteRequired,
+		PublicURL:      cfg.PublicURL(),
+		ServiceDID:     cfg.ServiceDID(),
+		JWTSecret:      []byte(cfg.JWTSecret),
+		Logger:         logger,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("accounts: %w", err)
+	}
+	return accounts, engine, nil
+}

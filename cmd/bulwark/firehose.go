@@ -1,0 +1,31 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+// newFirehose builds the event pipeline: the sequencer (writers wake it),
+// the hub serving subscribeRepos, retention pruning and relay
+// notification, and returns the background services that run them.
+func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*firehose.Sequencer, *firehose.Hub, []service) {
+	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: logger})
+	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Logger: logger})
+	seq.OnSequenced(hub.Notify)
+	pruner := firehose.NewPruner(pool, firehose.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
+	services := []service{
+		{name: "sequencer", run: seq.Run},
+		{name: "firehose", run: hub.Run},
+		{name: "firehose pruner", run: pruner.Run},
+	}
+	if len(cfg.Crawlers) > 0 {
+		crawl := firehose.NewCrawlNotifier(firehose.CrawlConfig{Hostname: cfg.Hostname, Crawlers: cfg.Crawlers, Logger: logger})
+		seq.OnSequenced(crawl.Notify)
+		services = append(services, service{name: "crawl notifier", run: crawl.Run})
+	}
+	return seq, hub, services
+}

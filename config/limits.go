@@ -1,0 +1,64 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+)
+
+// RateLimitsOff is the --ratelimits value that turns every rate limit off
+// (subscribeRepos keeps its own admission, --firehose-rate).
+const RateLimitsOff = "off"
+
+// DefaultInflightQueue is how many expensive requests may wait for the
+// in-flight byte budget (and, separately, for a getRepo export slot)
+// before the next is refused with 503.
+const DefaultInflightQueue = budget.DefaultMaxQueue
+
+// RateLimitPolicies returns the rate-limit policies in force: the reference
+// PDS's (ratelimit.DefaultPolicies) with the overrides of RateLimits
+// applied, or none at all when RateLimits is "off".
+//
+// RateLimits is empty (the defaults), "off", or semicolon-separated
+// overrides "policy=rules", the rules as ratelimit.ParseRules reads them,
+// e.g. "global=6000/5m;createSession=10/5m,100/1d;uploadBlob=off". Semicolons
+// separate policies because commas already separate one policy's windows.
+func (c *Config) RateLimitPolicies() (map[string][]ratelimit.Rule, error) {
+	return parseRateLimits(c.RateLimits)
+}
+
+func parseRateLimits(s string) (map[string][]ratelimit.Rule, error) {
+	s = strings.TrimSpace(s)
+	if s == RateLimitsOff {
+		return map[string][]ratelimit.Rule{}, nil
+	}
+	policies := ratelimit.DefaultPolicies()
+	for item := range strings.SplitSeq(s, ";") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, rules, ok := strings.Cut(item, "=")
+		name = strings.TrimSpace(name)
+		if !ok {
+			return nil, fmt.Errorf("%q: want policy=rules, like global=3000/5m", item)
+		}
+		if _, known := policies[name]; !known {
+			names := make([]string, 0, len(policies))
+			for n := range ratelimit.DefaultPolicies() {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(names, ", "))
+		}
+		parsed, err := ratelimit.ParseRules(rules)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		policies[name] = parsed
+	}
+	return policies, nil
+}

@@ -1,0 +1,217 @@
+package relaytest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	relaytesting "github.com/bluesky-social/indigo/cmd/relay/testing"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type keys struct {
+	mu   sync.Mutex
+	keys map[syntax.DID]*atcrypto.PrivateKeyK256
+}
+
+func (k *keys) SigningKey(_ context.Context, did syntax.DID) (atcrypto.PrivateKey, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.keys[did], nil
+}
+
+// TestRelayIngestsEveryCommit runs indigo's relay in strict mode against a
+// Bulwark firehose while several accounts are created, write at once,
+// change handle, deactivate and reactivate, and one is deleted: the relay
+// must re-emit every commit. Identities come from a mock directory (the
+// relay's own test harness does the same), whose #atproto_pds endpoint is
+// the address the relay dials.
+func TestRelayIngestsEveryCommit(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := dbtest.New(t)
+
+	ks := &keys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
+	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quiet})
+	hub := firehose.NewHub(pool, firehose.Config{Logger: quiet})
+	seq.OnSequenced(hub.Notify)
+	engine := repo.New(pool, ks, seq, repo.Config{Logger: quiet})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = seq.Run(ctx) })
+	wg.Go(func() { _ = hub.Run(ctx) })
+
+	up := firehose.Upgrader()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /xrpc/com.atproto.sync.subscribeRepos", func(w http.ResponseWriter, r *http.Request) {
+		var cursor *int64
+		if v := r.URL.Query().Get("cursor"); v != "" {
+			c, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				http.Error(w, "bad cursor", http.StatusBadRequest)
+				return
+			}
+			cursor = &c
+		}
+		conn, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		_ = hub.Serve(r.Context(), conn, cursor)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	defer hub.Close()
+	host := fmt.Sprintf("localhost:%d", ln.Addr().(*net.TCPAddr).Port)
+
+	dir := identity.NewMockDirectory()
+	relay := relaytesting.MustSimpleRelay(dir, t.TempDir(), false)
+	require.NoError(t, relay.Relay.SubscribeToHost(ctx, host, true, true))
+	require.Eventually(t, func() bool { return hub.Live() == 1 }, 30*time.Second, 5*time.Millisecond)
+
+	consumer := relaytesting.NewConsumer(fmt.Sprintf("ws://localhost:%d", relay.Port))
+	require.NoError(t, consumer.Connect(ctx, -1))
+	defer consumer.Shutdown()
+
+	const accounts, perAccount = 3, 10
+	now := func() string { return syntax.DatetimeNow().String() }
+	var dids []syntax.DID
+	for i := range accounts {
+		key, err := atcrypto.GeneratePrivateKeyK256()
+		require.NoError(t, err)
+		did := syntax.DID(fmt.Sprintf("did:plc:relaytest%015d", i))
+		handle := syntax.Handle(fmt.Sprintf("user%d.test", i))
+		pub, err := key.PublicKey()
+		require.NoError(t, err)
+		dir.Insert(identity.Identity{
+			DID: did, Handle: handle, AlsoKnownAs: []string{"at://" + handle.String()},
+			Keys:     map[string]identity.VerificationMethod{"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()}},
+			Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: "http://" + host}},
+		})
+		ks.mu.Lock()
+		ks.keys[did] = key
+		ks.mu.Unlock()
+		// Account creation: #identity, #account, #sync, as createAccount emits them.
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := engine.InitRepo(ctx, tx, did, key); err != nil {
+				return err
+			}
+			for _, ev := range []func() (*firehose.Encoded, error){
+				func() (*firehose.Encoded, error) {
+					h := handle.String()
+					return firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: now()})
+				},
+				func() (*firehose.Encoded, error) {
+					return firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: did.String(), Active: true, Time: now()})
+				},
+				func() (*firehose.Encoded, error) { return engine.SyncEvent(ctx, tx, did) },
+			} {
+				enc, err := ev()
+				if err != nil {
+					return err
+				}
+				if err := firehose.Append(ctx, tx, enc); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		seq.Wake()
+		dids = append(dids, did)
+	}
+
+	var writers sync.WaitGroup
+	revs := make(chan string, accounts*perAccount)
+	for _, did := range dids {
+		writers.Go(func() {
+			for i := range perAccount {
+				res, err := engine.Apply(ctx, did, []repo.Write{{
+					Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
+					Record: map[string]any{"$type": "app.bsky.feed.post", "text": fmt.Sprint("post ", i), "createdAt": "2026-11-29T00:00:00Z"},
+				}}, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				revs <- did.String() + " " + res.Rev
+			}
+		})
+	}
+	writers.Wait()
+	close(revs)
+
+	// Lifecycle: handle change, deactivate and reactivate, delete.
+	appendEv := func(enc *firehose.Encoded, err error) {
+		require.NoError(t, err)
+		require.NoError(t, firehose.Append(ctx, pool, enc))
+		seq.Wake()
+	}
+	newHandle := "renamed0.test"
+	appendEv(firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: dids[0].String(), Handle: &newHandle, Time: now()}))
+	deactivated, deleted := "deactivated", "deleted"
+	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: false, Status: &deactivated, Time: now()}))
+	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: true, Time: now()}))
+	// A commit after reactivation must get through too.
+	res, err := engine.Apply(ctx, dids[1], []repo.Write{{
+		Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
+		Record: map[string]any{"$type": "app.bsky.feed.post", "text": "back", "createdAt": "2026-11-29T00:00:00Z"},
+	}}, nil)
+	require.NoError(t, err)
+	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[2].String(), Active: false, Status: &deleted, Time: now()}))
+
+	want := map[string]bool{dids[1].String() + " " + res.Rev: true}
+	for r := range revs {
+		want[r] = true
+	}
+	seen := map[string]bool{}
+	var accountsSeen, identitiesSeen, syncsSeen int
+	require.Eventually(t, func() bool {
+		evs, err := consumer.ConsumeEvents(0)
+		if err != nil {
+			return false
+		}
+		clear(seen)
+		accountsSeen, identitiesSeen, syncsSeen = 0, 0, 0
+		for _, ev := range evs {
+			switch {
+			case ev.RepoCommit != nil:
+				seen[ev.RepoCommit.Repo+" "+ev.RepoCommit.Rev] = true
+			case ev.RepoAccount != nil:
+				accountsSeen++
+			case ev.RepoIdentity != nil:
+				identitiesSeen++
+			case ev.RepoSync != nil:
+				syncsSeen++
+			}
+		}
+		return len(seen) == len(want) && accountsSeen >= accounts+3
+	}, 60*time.Second, 20*time.Millisecond, "relay re-emitted %d of %d commits", len(seen), len(want))
+	require.Equal(t, want, seen)
+	require.Equal(t, accounts, syncsSeen)
+	require.GreaterOrEqual(t, identitiesSeen, accounts+1)
+}

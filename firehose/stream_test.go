@@ -1,0 +1,402 @@
+package firehose_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/bluesky-social/indigo/events"
+	"github.com/bluesky-social/indigo/events/schedulers/sequential"
+	"github.com/gorilla/websocket"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+// TestIndigoConsumerConcurrentWriters runs indigo's own consumer against
+// live subscriptions while several accounts write at once: every event
+// arrives once, in order, and every #commit verifies.
+func TestIndigoConsumerConcurrentWriters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	const repos, perRepo = 4, 15
+	dids := make([]syntax.DID, repos)
+	for i := range dids {
+		dids[i] = b.newRepo(t)
+	}
+	b.waitSequenced(t, repos)
+
+	type result struct {
+		mu     sync.Mutex
+		seqs   []int64
+		errs   []error
+		counts map[string]int
+	}
+	consume := func(ctx context.Context, r *result) error {
+		conn, _, err := websocket.DefaultDialer.DialContext(ctx, b.wsURL, nil)
+		if err != nil {
+			return err
+		}
+		add := func(seq int64, kind string, err error) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.seqs = append(r.seqs, seq)
+			r.counts[kind]++
+			if err != nil {
+				r.errs = append(r.errs, err)
+			}
+		}
+		cb := &events.RepoStreamCallbacks{
+			RepoCommit: func(c *comatproto.SyncSubscribeRepos_Commit) error {
+				_, err := verifyCommitErr(ctx, b, c)
+				add(c.Seq, "commit", err)
+				return nil
+			},
+			RepoSync: func(s *comatproto.SyncSubscribeRepos_Sync) error {
+				add(s.Seq, "sync", nil)
+				return nil
+			},
+			RepoIdentity: func(e *comatproto.SyncSubscribeRepos_Identity) error {
+				add(e.Seq, "identity", nil)
+				return nil
+			},
+			RepoAccount: func(e *comatproto.SyncSubscribeRepos_Account) error {
+				add(e.Seq, "account", nil)
+				return nil
+			},
+			Error: func(e *events.ErrorFrame) error {
+				add(0, "error", fmt.Errorf("error frame %s: %s", e.Error, e.Message))
+				return nil
+			},
+		}
+		sched := sequential.NewScheduler("test", cb.EventHandler)
+		return events.HandleRepoStream(ctx, conn, sched, quietLogger)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	results := []*result{{counts: map[string]int{}}, {counts: map[string]int{}}}
+	var cwg sync.WaitGroup
+	for _, r := range results {
+		cwg.Go(func() { _ = consume(ctx, r) })
+	}
+	require.Eventually(t, func() bool { return b.hub.Live() == len(results) }, 10*time.Second, time.Millisecond)
+	start := b.waitSequenced(t, repos)
+
+	var wg sync.WaitGroup
+	for _, did := range dids {
+		wg.Go(func() {
+			for i := range perRepo {
+				b.write(t, did, fmt.Sprint("post ", i))
+			}
+		})
+	}
+	// Account lifecycle events from another writer, interleaved.
+	extra := b.newRepo(t)
+	b.appendEvent(t, mustEncode(firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{
+		Did: extra.String(), Handle: ptr("new.test"), Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: false, Status: ptr("deactivated"), Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: true, Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: false, Status: ptr("deleted"), Time: syntax.DatetimeNow().String()})))
+	wg.Wait()
+
+	want := int64(repos + repos*perRepo + 1 + 4)
+	last := b.waitSequenced(t, want)
+	for _, r := range results {
+		require.Eventually(t, func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return len(r.seqs) > 0 && r.seqs[len(r.seqs)-1] >= last
+		}, 30*time.Second, 10*time.Millisecond)
+	}
+	cancel()
+	cwg.Wait()
+
+	var wantSeqs []int64
+	for _, ev := range b.allEvents(t) {
+		if ev.Seq > start {
+			wantSeqs = append(wantSeqs, ev.Seq)
+		}
+	}
+	for _, r := range results {
+		r.mu.Lock()
+		require.Empty(t, r.errs)
+		// A live subscription may also see events sequenced just before it
+		// (not yet fanned out then); from start on it must see all of them.
+		var got []int64
+		for i, s := range r.seqs {
+			require.True(t, i == 0 || s > r.seqs[i-1], "seqs strictly increase")
+			if s > start {
+				got = append(got, s)
+			}
+		}
+		require.Equal(t, wantSeqs, got, "every event once, in order")
+		require.Equal(t, repos*perRepo, r.counts["commit"])
+		require.Equal(t, 1, r.counts["identity"])
+		require.Equal(t, 3, r.counts["account"])
+		require.GreaterOrEqual(t, r.counts["sync"], 1)
+		r.mu.Unlock()
+	}
+}
+
+func mustEncode(ev *firehose.Encoded, err error) *firehose.Encoded {
+	if err != nil {
+		panic(err)
+	}
+	return ev
+}
+
+func verifyCommitErr(ctx context.Context, b *bundle, c *comatproto.SyncSubscribeRepos_Commit) (bool, error) {
+	if _, err := atrepo.VerifyCommitMessage(ctx, c); err != nil {
+		return false, err
+	}
+	commit, _, err := atrepo.LoadCommitFromCAR(ctx, bytes.NewReader(c.Blocks))
+	if err != nil {
+		return false, err
+	}
+	b.keys.mu.Lock()
+	pub, err := b.keys.keys[syntax.DID(c.Repo)].PublicKey()
+	b.keys.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	return true, commit.VerifySignature(pub)
+}
+
+// TestCursorCases covers each way a subscription can start.
+func TestCursorCases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{hub: firehose.Config{Retention: time.Hour}})
+	did := b.newRepo(t)
+	for i := range 6 {
+		b.write(t, did, fmt.Sprint("post ", i))
+	}
+	last := b.waitSequenced(t, 7)
+	all := b.allEvents(t)
+	require.Len(t, all, 7)
+	// The first three events are older than the window.
+	_, err := b.pool.Exec(context.Background(),
+		"UPDATE events SET created_at = now() - interval '2 hours' WHERE seq <= $1", all[2].Seq)
+	require.NoError(t, err)
+
+	t.Run("none", func(t *testing.T) {
+		conn := dial(t, b.wsURL, nil)
+		require.Eventually(t, func() bool { return b.hub.Live() == 1 }, 10*time.Second, time.Millisecond)
+		b.write(t, did, "live")
+		f := nextAfter(t, conn, last)
+		require.Equal(t, "#commit", f.kind)
+		b.verifyCommit(t, f.commit)
+	})
+
+	// The log as it now stands, for the replay cases.
+	all = b.allEvents(t)
+	last = all[len(all)-1].Seq
+
+	t.Run("zero", func(t *testing.T) {
+		conn := dial(t, b.wsURL, ptr(int64(0)))
+		got := readUntil(t, conn, last)
+		// The whole window, no #info.
+		requireSeqs(t, all[3:], got)
+		for _, f := range got {
+			require.Nil(t, f.info)
+		}
+	})
+	t.Run("inside", func(t *testing.T) {
+		conn := dial(t, b.wsURL, ptr(all[4].Seq))
+		got := readUntil(t, conn, last)
+		requireSeqs(t, all[5:], got)
+		for _, f := range got {
+			if f.commit != nil {
+				b.verifyCommit(t, f.commit)
+			}
+		}
+	})
+	t.Run("at last", func(t *testing.T) {
+		conn := dial(t, b.wsURL, ptr(last))
+		require.Eventually(t, func() bool { return b.hub.Live() == 1 }, 10*time.Second, time.Millisecond)
+		b.write(t, did, "after last")
+		f, err := readFrame(t, conn)
+		require.NoError(t, err)
+		require.Equal(t, last+1, f.seq)
+	})
+	all = b.allEvents(t)
+	last = all[len(all)-1].Seq
+	t.Run("outdated", func(t *testing.T) {
+		conn := dial(t, b.wsURL, ptr(all[0].Seq))
+		f, err := readFrame(t, conn)
+		require.NoError(t, err)
+		require.Equal(t, "#info", f.kind)
+		require.Equal(t, firehose.InfoOutdatedCursor, f.info.Name)
+		got := readUntil(t, conn, last)
+		requireSeqs(t, all[3:], got)
+	})
+	t.Run("future", func(t *testing.T) {
+		conn := dial(t, b.wsURL, ptr(last+1000))
+		f, err := readFrame(t, conn)
+		require.NoError(t, err)
+		require.Equal(t, int64(-1), f.op)
+		require.Equal(t, firehose.ErrNameFutureCursor, f.err.Error)
+		_, err = readFrame(t, conn)
+		require.Error(t, err, "the stream closes after the error frame")
+	})
+}
+
+// TestHandoverDuringBurst subscribes with cursors while writers are busy:
+// the switch from backfill to live must lose nothing and repeat nothing.
+func TestHandoverDuringBurst(t *testing.T) {
+	t.Parallel()
+	// Tiny pages make the backfill long relative to the writes.
+	b := setup(t, options{hub: firehose.Config{PageEvents: 3}})
+	const repos, perRepo = 3, 25
+	dids := make([]syntax.DID, repos)
+	for i := range dids {
+		dids[i] = b.newRepo(t)
+	}
+	for _, did := range dids {
+		for i := range 5 {
+			b.write(t, did, fmt.Sprint("before ", i))
+		}
+	}
+	b.waitSequenced(t, repos*6)
+
+	var wg sync.WaitGroup
+	for _, did := range dids {
+		wg.Go(func() {
+			for i := range perRepo {
+				b.write(t, did, fmt.Sprint("during ", i))
+			}
+		})
+	}
+	var conns []*websocket.Conn
+	cursors := []int64{0, 1, 7}
+	for _, c := range cursors {
+		conns = append(conns, dial(t, b.wsURL, ptr(c)))
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	want := int64(repos * (6 + perRepo))
+	last := b.waitSequenced(t, want)
+	all := b.allEvents(t)
+	for i, conn := range conns {
+		got := readUntil(t, conn, last)
+		var exp []firehose.Event
+		for _, ev := range all {
+			if ev.Seq > cursors[i] {
+				exp = append(exp, ev)
+			}
+		}
+		requireSeqs(t, exp, got)
+		for _, f := range got {
+			if f.commit != nil {
+				b.verifyCommit(t, f.commit)
+			}
+		}
+	}
+}
+
+// TestCrossProcess: a commit sequenced by one process reaches a subscriber
+// connected to another process on the same database, through NOTIFY alone.
+func TestCrossProcess(t *testing.T) {
+	t.Parallel()
+	a := setup(t, options{})
+	// Process B runs no sequencer and polls only hourly: only a NOTIFY from
+	// A's sequencer can wake it.
+	bp := setup(t, options{dbURL: a.url, keys: a.keys, noSequencer: true,
+		hub: firehose.Config{PollInterval: time.Hour}})
+	did := a.newRepo(t)
+	first := a.waitSequenced(t, 1)
+	conn := dial(t, bp.wsURL, ptr(int64(0)))
+	got := readUntil(t, conn, first)
+	require.Len(t, got, 1)
+	for i := range 5 {
+		a.write(t, did, fmt.Sprint("cross ", i))
+	}
+	last := a.waitSequenced(t, 6)
+	got = readUntil(t, conn, last)
+	require.Len(t, got, 5)
+	for i, f := range got {
+		require.Equal(t, first+int64(i)+1, f.seq)
+		a.verifyCommit(t, f.commit)
+	}
+}
+
+// TestDisconnectStopsWork: a client that goes away mid-backfill stops the
+// reads within a page.
+func TestDisconnectStopsWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{noSequencer: true, hub: firehose.Config{PageEvents: 2, PollInterval: time.Hour}})
+	did := b.newRepo(t)
+	for i := range 40 {
+		b.write(t, did, fmt.Sprint("post ", i))
+	}
+	b.sequenceAll(t)
+	conn := dial(t, b.wsURL, ptr(int64(0)))
+	_, err := readFrame(t, conn)
+	require.NoError(t, err)
+	conn.Close()
+	require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+	m := b.queries.mark()
+	time.Sleep(100 * time.Millisecond)
+	require.Empty(t, b.queries.since(m), "no reads after the subscriber left")
+}
+
+// TestHubClose ends every subscription (server shutdown).
+func TestHubClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	conn := dial(t, b.wsURL, nil)
+	require.Eventually(t, func() bool { return b.hub.Subscribers() == 1 }, 10*time.Second, time.Millisecond)
+	b.hub.Close()
+	_, err := readFrame(t, conn)
+	require.Error(t, err)
+	require.True(t, websocket.IsCloseError(err, websocket.CloseGoingAway), "got %v", err)
+	require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+}
+
+// TestLiveFrameSizes sends live frames of each WebSocket length encoding
+// (7-bit, 16-bit and 64-bit) through the batched live path.
+func TestLiveFrameSizes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	did := b.newRepo(t)
+	b.waitSequenced(t, 1)
+	conn := dial(t, b.wsURL, nil)
+	require.Eventually(t, func() bool { return b.hub.Live() == 1 }, 10*time.Second, time.Millisecond)
+	for _, n := range []int{10, 30_000, 900_000} {
+		b.write(t, did, strings.Repeat("z", n))
+	}
+	last := b.waitSequenced(t, 4)
+	var commits int
+	for _, f := range readUntil(t, conn, last) {
+		// A live subscription may start just before the #sync of seq 1
+		// reached the hub; only the commits matter here.
+		if f.commit != nil {
+			b.verifyCommit(t, f.commit)
+			commits++
+		}
+	}
+	require.Equal(t, 3, commits)
+}
+
+// nextAfter returns the first frame with seq > after. A live subscription
+// may begin with events sequenced just before it, not yet fanned out.
+func nextAfter(t *testing.T, conn *websocket.Conn, after int64) *frame {
+	t.Helper()
+	for {
+		f, err := readFrame(t, conn)
+		require.NoError(t, err)
+		if f.seq > after {
+			return f
+		}
+	}
+}

@@ -1,0 +1,185 @@
+// Package metrics is Bulwark's Prometheus instrumentation: the collectors,
+// one registry, and the private listener that serves /metrics and pprof.
+//
+// The registry is this package's own, not prometheus.DefaultRegisterer:
+// indigo registers its metrics globally, and Bulwark's names must neither
+// clash with nor be polluted by whatever a dependency registers.
+//
+// Counters and gauges that code updates as things happen (requests,
+// commits, frames) are package variables, so any package can record
+// without plumbing. State that already lives elsewhere (the byte budget,
+// the rate limiters, the Postgres pool) is read at scrape time through
+// RegisterBudget, RegisterLimiters and RegisterPool, so those packages know
+// nothing of Prometheus.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const namespace = "bulwark"
+
+// Registry holds every Bulwark metric. Handler serves it.
+var Registry = prometheus.NewRegistry()
+
+// HTTP requests.
+var (
+	// Requests counts finished HTTP requests by XRPC method (NSID) and
+	// status code. Record through ObserveRequest, which bounds the method
+	// label.
+	Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "http", Name: "requests_total",
+		Help: "HTTP requests by XRPC method (NSID; _other outside XRPC or unknown) and status.",
+	}, []string{"method", "status"})
+	// RequestDuration is the latency of HTTP requests by XRPC method.
+	RequestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: "http", Name: "request_duration_seconds",
+		Help: "HTTP request latency by XRPC method, from headers read to handler return.",
+		// From a refusal (tens of µs) to a large CAR export (a minute).
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"method"})
+)
+
+// Repository and event log.
+var (
+	// Commits counts repository commits written (one per write
+	// transaction that committed).
+	Commits = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "commits_total",
+		Help: "Repository commits written.",
+	})
+	// EventLogLastSeq is the highest seq the sequencer has assigned.
+	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "eventlog", Name: "last_seq",
+		Help: "Highest firehose seq assigned by the sequencer.",
+	})
+	// SequencerLag is how long the events of the last sequenced batch
+	// waited between their commit and getting a seq, at most.
+	SequencerLag = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "sequencer", Name: "lag_seconds",
+		Help: "Longest commit-to-seq delay in the last sequenced batch.",
+	})
+	// SequencerPending is the number of committed events still waiting
+	// for a seq, when the sequencer knows it.
+	SequencerPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "sequencer", Name: "pending_events",
+		Help: "Committed events not yet sequenced.",
+	})
+)
+
+// Firehose.
+var (
+	// FirehoseSubscribers is the number of open subscribeRepos streams.
+	FirehoseSubscribers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "firehose", Name: "subscribers",
+		Help: "Open subscribeRepos connections.",
+	})
+	// FirehoseFrames counts frames sent to subscribers, by kind (commit,
+	// sync, identity, account, info, error).
+	FirehoseFrames = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "firehose", Name: "frames_sent_total",
+		Help: "Frames sent to subscribers, by event kind.",
+	}, []string{"kind"})
+	// FirehoseBytes counts frame bytes sent to subscribers.
+	FirehoseBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "firehose", Name: "bytes_sent_total",
+		Help: "Frame bytes sent to subscribers.",
+	})
+	// FirehoseRefused counts subscribeRepos upgrades refused before the
+	// WebSocket handshake, by reason (rate_limited, too_many_from_client,
+	// server_full, budget).
+	FirehoseRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "firehose", Name: "upgrades_refused_total",
+		Help: "subscribeRepos upgrades refused before the handshake, by reason.",
+	}, []string{"reason"})
+	// FirehoseDisconnects counts streams the server closed, by reason
+	// (consumer_too_slow, outdated_cursor, future_cursor, shutdown, ...).
+	FirehoseDisconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "firehose", Name: "disconnects_total",
+		Help: "subscribeRepos streams ended, by reason.",
+	}, []string{"reason"})
+)
+
+func init() {
+	Registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: namespace}),
+		Requests, RequestDuration,
+		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
+		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
+		budgetCollector, limiterCollector, poolCollector,
+	)
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func Handler() http.Handler {
+	return promhttp.HandlerFor(Registry, promhttp.HandlerOpts{
+		// A metric that fails to collect is reported in the scrape rather
+		// than failing it: the rest are still worth having.
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+}
+
+// MaxMethodLabels bounds the distinct method labels of the HTTP metrics.
+// The method comes from the URL, so without a bound a client could create
+// a time series per made-up NSID.
+const MaxMethodLabels = 256
+
+// OtherMethod is the method label of requests outside /xrpc, and of any
+// method past MaxMethodLabels.
+const OtherMethod = "_other"
+
+// methods is the set of method labels in use.
+var methods = &labelSet{max: MaxMethodLabels}
+
+// ObserveRequest records one finished HTTP request. method should be the
+// NSID of a registered XRPC method (not a raw path: unknown names are
+// attacker-chosen), or "" for anything else. HEAD counts as the GET it
+// mirrors: the method label is the NSID, not the HTTP verb.
+func ObserveRequest(method string, status int, elapsed time.Duration) {
+	method = methods.label(method)
+	Requests.WithLabelValues(method, strconv.Itoa(status)).Inc()
+	RequestDuration.WithLabelValues(method).Observe(elapsed.Seconds())
+}
+
+// CountRequest records one finished request in Requests only, leaving the
+// latency histogram alone: for streams (subscribeRepos, CAR exports, blob
+// downloads) whose duration is the client's reading pace, not the
+// server's latency.
+func CountRequest(method string, status int) {
+	Requests.WithLabelValues(methods.label(method), strconv.Itoa(status)).Inc()
+}
+
+// labelSet admits up to max distinct label values; the rest become
+// OtherMethod.
+type labelSet struct {
+	mu   sync.Mutex
+	max  int
+	seen map[string]bool
+}
+
+func (s *labelSet) label(m string) string {
+	if m == "" {
+		return OtherMethod
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen[m] {
+		return m
+	}
+	if len(s.seen) >= s.max {
+		return OtherMethod
+	}
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	s.seen[m] = true
+	return m
+}

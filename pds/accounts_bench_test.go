@@ -1,0 +1,121 @@
+package pds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+// createRecord throughput over HTTP on loopback, against a Postgres cluster
+// on disk with fsync and synchronous_commit on (the test clusters run with
+// them off), with the sequencer running as in `bulwark serve`. Run:
+//
+//	go test ./pds -run '^$' -bench CreateRecordHTTP -benchtime 3000x
+
+var (
+	benchPGOnce sync.Once
+	benchPG     *db.Managed
+	benchPGErr  error
+	benchPGDBs  atomic.Int64
+)
+
+func durablePool(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	ctx := context.Background()
+	benchPGOnce.Do(func() {
+		dir, err := os.MkdirTemp("/var/tmp", "bulwark-pds-bench-")
+		if err != nil {
+			benchPGErr = err
+			return
+		}
+		_ = os.Chmod(dir, 0o711)
+		benchPG, benchPGErr = db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true})
+	})
+	require.NoError(b, benchPGErr)
+	admin, err := db.Open(ctx, benchPG.URL(db.ManagedDatabase), nil)
+	require.NoError(b, err)
+	name := fmt.Sprintf("pdsbench_%d_%d", os.Getpid(), benchPGDBs.Add(1))
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(b, err)
+	admin.Close()
+	pool, err := db.Open(ctx, benchPG.URL(name), nil)
+	require.NoError(b, err)
+	require.NoError(b, db.Migrate(ctx, pool, nil))
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+func BenchmarkCreateRecordHTTP(b *testing.B) {
+	for _, clients := range []int{1, 16} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			e := newAccountEnv(b, envOptions{pool: durablePool(b), sequence: true})
+			users := make([]*user, clients)
+			for i := range users {
+				users[i] = e.createUser(b)
+			}
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+			bodies := make([][]byte, clients)
+			for i, u := range users {
+				bodies[i], _ = json.Marshal(map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "record": post("benchmark post")})
+			}
+			var mu sync.Mutex
+			var lat []time.Duration
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			start := time.Now()
+			for c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []time.Duration
+					for next.Add(1) <= int64(b.N) {
+						req, _ := http.NewRequest(http.MethodPost, e.url+"/xrpc/com.atproto.repo.createRecord", bytes.NewReader(bodies[c]))
+						req.Header.Set("Content-Type", "application/json")
+						req.Header.Set("Authorization", "Bearer "+users[c].access)
+						t0 := time.Now()
+						resp, err := hc.Do(req)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != http.StatusOK {
+							b.Errorf("status %d", resp.StatusCode)
+							return
+						}
+						mine = append(mine, time.Since(t0))
+					}
+					mu.Lock()
+					lat = append(lat, mine...)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			if len(lat) == 0 {
+				return
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "records/s")
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+		})
+	}
+}

@@ -1,0 +1,270 @@
+package pds
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/ipfs/go-cid"
+
+	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// Protecting the server: the rate limits (429) and the in-flight byte
+// budget (503) as the handlers use them. Each handler calls one helper from
+// here before its expensive part, so that a refusal costs no database work.
+
+// Reservations against the in-flight byte budget: the peak heap each kind
+// of response holds, measured with budget.MeasureHeap (docs/BENCHMARKS.md,
+// "Reservations measured"), rounded up.
+const (
+	// getRepoReserve is one streamed CAR export: the 64 KiB write buffer,
+	// pgx's read buffer and one row at a time, and the garbage they make
+	// before the collector runs. It does not grow with the repository.
+	getRepoReserve = 2 << 20
+	// blobReserve is one streamed blob: the copy buffer of ServeContent
+	// and the store's reader. A blob is never read into memory whole.
+	blobReserve = 256 << 10
+	// proofReserve is a sync.getRecord proof CAR, built in memory: the
+	// commit, one MST node per level and the record.
+	proofReserve = 256 << 10
+	// blockReserve is what getBlocks reserves per CID asked for, before
+	// knowing the blocks' sizes: MST nodes and records are mostly well
+	// under this, and the reservation is trued up as the CAR grows.
+	blockReserve = 8 << 10
+	// recordDecodeFactor is the heap a record's JSON rendering holds per
+	// byte of its CBOR (decode to a map, then encode to JSON).
+	recordDecodeFactor = 12
+	// largeRecord is the size from which repo.getRecord reserves: smaller
+	// records cost less than the reservation's bookkeeping is worth.
+	largeRecord = 64 << 10
+)
+
+// Policy names as the handlers use them (ratelimit.Policy*), so that a
+// handler file needs no import for its one-line limit.
+const (
+	policyCreateAccount = ratelimit.PolicyCreateAccount
+	policyDeleteAccount = ratelimit.PolicyDeleteAccount
+	policyResetPassword = ratelimit.PolicyResetPassword
+	policyUpdateHandle  = ratelimit.PolicyUpdateHandle
+	policyUploadBlob    = ratelimit.PolicyUploadBlob
+)
+
+// ServiceOverloaded is the 503 for work refused because the server is
+// saturated: the in-flight byte budget's wait queue is full. It carries
+// Retry-After. Clients should back off, not retry at once.
+func ServiceOverloaded(retryAfter time.Duration, format string, args ...any) *XRPCError {
+	e := newError(http.StatusServiceUnavailable, "ServiceOverloaded", format, args...)
+	e.Header = http.Header{ratelimit.HeaderRetryAfter: {strconv.FormatInt(ratelimit.RetryAfterSeconds(retryAfter), 10)}}
+	return e
+}
+
+// limitErrorFor maps the budget's refusal to 503 ServiceOverloaded; nil for
+// anything else.
+func limitErrorFor(err error) *XRPCError {
+	var oe *budget.OverloadedError
+	if errors.As(err, &oe) {
+		e := ServiceOverloaded(oe.RetryAfter, "server overloaded: too many large responses in flight; retry later")
+		e.Err = err
+		return e
+	}
+	return nil
+}
+
+// protection is the Server's share of the limits: nil fields are off.
+type protection struct {
+	// budget bounds the bytes of expensive responses in flight.
+	budget *budget.Budget
+	// exports bounds concurrent getRepo exports, one unit per export: each
+	// holds a Postgres connection (one snapshot) for as long as the client
+	// reads, so scrapers must not be able to take the whole pool.
+	exports *budget.Budget
+	// limits are the rate limiters by policy name.
+	limits *ratelimit.Set
+}
+
+// newProtection builds the protection of opts. The export slots default
+// to a quarter of the pool: writes and ordinary reads keep the rest.
+func newProtection(opts Options) protection {
+	p := protection{budget: opts.Budget, limits: opts.Limits}
+	slots := opts.ExportSlots
+	if slots == 0 && opts.DB != nil {
+		slots = max(1, int(opts.DB.Config().MaxConns)/4)
+	}
+	if slots > 0 {
+		queue := budget.DefaultMaxQueue
+		if opts.Config != nil {
+			// The same bound as the byte budget's queue; 0 there means
+			// no waiting, which is -1 for budget.Config.
+			queue = opts.Config.InflightQueue
+			if queue == 0 {
+				queue = -1
+			}
+		}
+		p.exports = budget.New(budget.Config{Capacity: int64(slots), MaxQueue: queue})
+	}
+	return p
+}
+
+// rateLimit spends points of policy's limiter for key. Allowed, it reports
+// the limit in the RateLimit-* headers; refused, it returns 429
+// RateLimitExceeded with those headers and Retry-After. A policy that is
+// off (or a server without limits) allows everything.
+func (s *Server) rateLimit(w http.ResponseWriter, policy, key string, points int) error {
+	l := s.protect.limits.Get(policy)
+	if l == nil {
+		return nil
+	}
+	d := l.AllowN(key, points)
+	now := time.Now()
+	if d.Allowed {
+		ratelimit.SetHeaders(w.Header(), d, now)
+		return nil
+	}
+	// The global limit's headers may already be set; the refusing limit's
+	// replace them rather than adding second values.
+	h := w.Header()
+	for _, k := range []string{ratelimit.HeaderLimit, ratelimit.HeaderRemaining, ratelimit.HeaderReset, ratelimit.HeaderPolicy, ratelimit.HeaderRetryAfter} {
+		h.Del(k)
+	}
+	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", "rate limit exceeded (%s, %d per %s); retry in %s",
+		policy, d.Rule.Limit, d.Rule.Window, d.RetryAfter.Round(time.Second))
+	e.Header = ratelimit.Headers(d, now)
+	return e
+}
+
+// ipKey is the rate-limit key of the request's client address.
+func (s *Server) ipKey(r *http.Request) string {
+	return ratelimit.IPKey(s.clientIP(r))
+}
+
+// limitIP applies policy keyed by the client's address (createAccount,
+// deleteAccount, resetPassword).
+func (s *Server) limitIP(w http.ResponseWriter, r *http.Request, policy string) error {
+	return s.rateLimit(w, policy, s.ipKey(r), 1)
+}
+
+// limitDID applies policy keyed by the calling account (uploadBlob,
+// updateHandle).
+func (s *Server) limitDID(w http.ResponseWriter, policy string, did syntax.DID) error {
+	return s.rateLimit(w, policy, did.String(), 1)
+}
+
+// limitLogin applies the createSession limit, keyed by identifier and
+// address together: one address guessing many accounts' passwords and many
+// addresses guessing one account's are both slowed, while a user who
+// mistypes is not locked out by an attacker elsewhere.
+func (s *Server) limitLogin(w http.ResponseWriter, r *http.Request, identifier string) error {
+	key := ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), s.ipKey(r))
+	return s.rateLimit(w, ratelimit.PolicyCreateSession, key, 1)
+}
+
+// globalLimit is the per-address limit every XRPC method is under, checked
+// by serveXRPC before the body is read. subscribeRepos has its own
+// admission (firehose.Admission) and _health must answer load balancers
+// whatever a client on the same address does.
+func (s *Server) globalLimit(w http.ResponseWriter, r *http.Request, m *method) error {
+	policy := ratelimit.PolicyGlobal
+	switch m.nsid {
+	case "_health", "com.atproto.sync.subscribeRepos":
+		return nil
+	case "com.atproto.sync.getRepo":
+		policy = ratelimit.PolicyGetRepo
+	}
+	return s.rateLimit(w, policy, s.ipKey(r), 1)
+}
+
+// writePoints is what writes cost against the per-account write limit.
+func writePoints(writes []repo.Write) int {
+	n := 0
+	for _, w := range writes {
+		switch w.Action {
+		case repo.ActionCreate:
+			n += ratelimit.WriteCostCreate
+		case repo.ActionUpdate:
+			n += ratelimit.WriteCostUpdate
+		default:
+			n += ratelimit.WriteCostDelete
+		}
+	}
+	return n
+}
+
+// apply is repo.Engine.Apply for the write handlers: it charges the
+// account's write points first (429 before any database work) and counts
+// the commit once it is durable.
+func (s *Server) apply(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid) (*repo.CommitResult, error) {
+	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
+		return nil, err
+	}
+	res, err := s.repo.Apply(r.Context(), did, writes, swapCommit)
+	if err == nil {
+		metrics.Commits.Inc()
+	}
+	return res, err
+}
+
+// reserve takes n bytes from the in-flight budget, waiting its turn; it
+// fails at once with ServiceOverloaded when the wait queue is full. Call
+// it before the work, and defer the release.
+func (s *Server) reserve(ctx context.Context, n int64) (*budget.Reservation, error) {
+	if s.protect.budget == nil {
+		return nil, nil // a nil *Reservation is valid and holds nothing
+	}
+	return s.protect.budget.Acquire(ctx, n)
+}
+
+// guard is reserve for a fixed cost, returning just the release.
+func (s *Server) guard(ctx context.Context, n int64) (release func(), err error) {
+	return budget.Guard(ctx, s.protect.budget, n)
+}
+
+// guardExport admits one getRepo export: an export slot (a Postgres
+// connection for the length of the stream), then its bytes.
+func (s *Server) guardExport(ctx context.Context) (release func(), err error) {
+	slot, err := budget.Guard(ctx, s.protect.exports, 1)
+	if err != nil {
+		return nil, err
+	}
+	bytes, err := s.guard(ctx, getRepoReserve)
+	if err != nil {
+		slot()
+		return nil, err
+	}
+	return func() { bytes(); slot() }, nil
+}
+
+// guardRecord reserves the heap of rendering a record of size bytes as
+// JSON, when it is large enough to matter.
+func (s *Server) guardRecord(ctx context.Context, size int) (release func(), err error) {
+	if size < largeRecord {
+		return func() {}, nil
+	}
+	return s.guard(ctx, int64(size)*recordDecodeFactor)
+}
+
+// observeRequest records a finished request in the metrics. The method
+// label is the NSID only for registered methods: anything else is chosen
+// by the client. Streams (subscribeRepos, CAR exports, blobs) are counted
+// but kept out of the latency histogram, where their minutes-long
+// durations would drown the figures of ordinary requests.
+func (s *Server) observeRequest(r *http.Request, status int, hijacked bool, elapsed time.Duration) {
+	nsid, ok := strings.CutPrefix(r.URL.Path, "/xrpc/")
+	m := s.methods[nsid]
+	if !ok || m == nil {
+		metrics.ObserveRequest("", status, elapsed)
+		return
+	}
+	if hijacked || (m.longRunning && status < 400) {
+		metrics.CountRequest(nsid, status)
+		return
+	}
+	metrics.ObserveRequest(nsid, status, elapsed)
+}

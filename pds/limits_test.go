@@ -1,0 +1,207 @@
+package pds
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+)
+
+// limitedEnv is an account env whose server has the reference PDS's
+// limits with overrides (policy → rules, as --ratelimits writes them), and
+// which believes X-Forwarded-For from the loopback, so that a test can
+// speak from several addresses.
+func limitedEnv(t *testing.T, overrides map[string]string) *accountEnv {
+	t.Helper()
+	policies := ratelimit.DefaultPolicies()
+	for name, rules := range overrides {
+		parsed, err := ratelimit.ParseRules(rules)
+		require.NoError(t, err)
+		policies[name] = parsed
+	}
+	set, err := ratelimit.NewSet(policies, 0)
+	require.NoError(t, err)
+	return newAccountEnv(t, envOptions{
+		configure: func(c *config.Config) {
+			c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+		},
+		options: func(o *Options) { o.Limits = set },
+	})
+}
+
+// from is the header that makes a request come from ip.
+func from(ip string) http.Header { return http.Header{"X-Forwarded-For": {ip}} }
+
+func (e *accountEnv) postFrom(t *testing.T, ip, nsid, token string, in any) xrpcResult {
+	t.Helper()
+	return e.do(t, http.MethodPost, nsid, token, jsonBody(t, in), nil, from(ip))
+}
+
+// requireRefusal checks a 429 as the reference PDS sends it: the XRPC
+// error, one value of each RateLimit header describing the refusing rule,
+// and a Retry-After of at least a second.
+func requireRefusal(t *testing.T, res xrpcResult, limit int) {
+	t.Helper()
+	res.fails(t, http.StatusTooManyRequests, "RateLimitExceeded")
+	require.Equal(t, []string{strconv.Itoa(limit)}, res.header.Values(ratelimit.HeaderLimit))
+	require.Len(t, res.header.Values(ratelimit.HeaderRemaining), 1)
+	reset, err := strconv.ParseInt(res.header.Get(ratelimit.HeaderReset), 10, 64)
+	require.NoError(t, err)
+	require.Greater(t, reset, time.Now().Add(-time.Second).Unix())
+	retry := res.header.Values(ratelimit.HeaderRetryAfter)
+	require.Len(t, retry, 1)
+	secs, err := strconv.Atoi(retry[0])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, secs, 1)
+}
+
+// TestCreateSessionRateLimit: createSession is limited per identifier and
+// address together. The N+1th login for one identifier from one address
+// is refused with the headers; the same identifier from another address,
+// and another identifier from the same address, still get through.
+func TestCreateSessionRateLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 3
+	e := limitedEnv(t, map[string]string{ratelimit.PolicyCreateSession: strconv.Itoa(limit) + "/5m"})
+	u := e.createUser(t)
+	other := e.createUser(t)
+	login := func(ip, identifier, password string) xrpcResult {
+		return e.postFrom(t, ip, "com.atproto.server.createSession", "", map[string]any{"identifier": identifier, "password": password})
+	}
+
+	for i := range limit {
+		res := login("192.0.2.1", u.handle, u.pass).ok(t)
+		require.Equal(t, strconv.Itoa(limit), res.header.Get(ratelimit.HeaderLimit))
+		require.Equal(t, strconv.Itoa(limit-1-i), res.header.Get(ratelimit.HeaderRemaining))
+	}
+	refused := login("192.0.2.1", u.handle, u.pass)
+	requireRefusal(t, refused, limit)
+	require.Equal(t, "0", refused.header.Get(ratelimit.HeaderRemaining))
+	// Case does not make a new key.
+	requireRefusal(t, login("192.0.2.1", "USER"+u.handle[len("user"):], u.pass), limit)
+	// Wrong passwords count too: the limit is what slows guessing.
+	requireRefusal(t, login("192.0.2.1", u.handle, "wrong password"), limit)
+
+	login("192.0.2.2", u.handle, u.pass).ok(t)
+	login("192.0.2.1", other.handle, other.pass).ok(t)
+}
+
+// TestGlobalRateLimit: every XRPC method counts against the per-address
+// limit before its body is read; _health does not, and other addresses
+// are unaffected.
+func TestGlobalRateLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 4
+	e := limitedEnv(t, map[string]string{ratelimit.PolicyGlobal: strconv.Itoa(limit) + "/5m"})
+	describe := func(ip string) xrpcResult {
+		return e.do(t, http.MethodGet, "com.atproto.server.describeServer", "", nil, nil, from(ip))
+	}
+	for range limit - 1 {
+		describe("198.51.100.7").ok(t)
+	}
+	// A procedure with a malformed body: refused for the limit, not the
+	// body, since the body is never read.
+	e.do(t, http.MethodPost, "com.atproto.server.createSession", "", jsonBody(t, "not an object"), nil, from("198.51.100.7")).fails(t, http.StatusBadRequest, "InvalidRequest")
+	requireRefusal(t, describe("198.51.100.7"), limit)
+	requireRefusal(t, e.do(t, http.MethodPost, "com.atproto.server.createSession", "", jsonBody(t, "not an object"), nil, from("198.51.100.7")), limit)
+
+	health := e.do(t, http.MethodGet, "_health", "", nil, nil, from("198.51.100.7"))
+	require.Equal(t, http.StatusOK, health.status, "body: %s", health.body)
+	describe("198.51.100.8").ok(t)
+	// IPv6 clients are limited by /64.
+	for range limit {
+		describe("2001:db8::1").ok(t)
+	}
+	requireRefusal(t, describe("2001:db8::2"), limit)
+}
+
+// TestWritePointsRateLimit: writes cost points per account (create 3,
+// update 2, delete 1); a write that would overspend is refused before
+// anything is committed.
+func TestWritePointsRateLimit(t *testing.T) {
+	t.Parallel()
+	e := limitedEnv(t, map[string]string{ratelimit.PolicyRepoWrite: "7/1h"})
+	u := e.createUser(t)
+	create := func(rkey string) xrpcResult {
+		return e.post(t, "com.atproto.repo.createRecord", u.access, map[string]any{
+			"repo": u.did, "collection": "app.bsky.feed.post", "rkey": rkey, "record": post(rkey),
+		})
+	}
+	res := create("3aaaaaaaaaaa2").ok(t)
+	require.Equal(t, "4", res.header.Get(ratelimit.HeaderRemaining))
+	create("3aaaaaaaaaaa3").ok(t)
+	before := e.rowCounts(t)
+	refused := create("3aaaaaaaaaaa4")
+	requireRefusal(t, refused, 7)
+	require.Equal(t, "1", refused.header.Get(ratelimit.HeaderRemaining), "the points left, too few for a create")
+	require.Equal(t, before, e.rowCounts(t), "a refused write commits nothing")
+
+	// One point left: a delete fits, an update does not.
+	e.post(t, "com.atproto.repo.putRecord", u.access, map[string]any{
+		"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "3aaaaaaaaaaa2", "record": post("edited"),
+	}).fails(t, http.StatusTooManyRequests, "RateLimitExceeded")
+	e.post(t, "com.atproto.repo.deleteRecord", u.access, map[string]any{
+		"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "3aaaaaaaaaaa2",
+	}).ok(t)
+
+	// Another account has its own points.
+	v := e.createUser(t)
+	e.post(t, "com.atproto.repo.applyWrites", v.access, map[string]any{
+		"repo": v.did,
+		"writes": []map[string]any{
+			{"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "value": post("a")},
+			{"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "value": post("b")},
+		},
+	}).ok(t)
+	// 6 of 7 spent in one call: a third create in a batch would overspend.
+	e.post(t, "com.atproto.repo.applyWrites", v.access, map[string]any{
+		"repo": v.did,
+		"writes": []map[string]any{
+			{"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "value": post("c")},
+		},
+	}).fails(t, http.StatusTooManyRequests, "RateLimitExceeded")
+}
+
+// TestRateLimitsConfig: "off" disables every limiter; config rejects unknown
+// policies and bad rules, naming the setting.
+func TestRateLimitsConfig(t *testing.T) {
+	t.Parallel()
+	c := config.DefaultConfig()
+	c.RateLimits = "off"
+	p, err := c.RateLimitPolicies()
+	require.NoError(t, err)
+	set, err := ratelimit.NewSet(p, 0)
+	require.NoError(t, err)
+	require.Empty(t, set.All())
+
+	c.RateLimits = "global=10/1m; createSession=off"
+	p, err = c.RateLimitPolicies()
+	require.NoError(t, err)
+	require.Equal(t, 10, p[ratelimit.PolicyGlobal][0].Limit)
+	require.Empty(t, p[ratelimit.PolicyCreateSession])
+	require.Equal(t, ratelimit.DefaultPolicies()[ratelimit.PolicyRepoWrite], p[ratelimit.PolicyRepoWrite])
+
+	for _, bad := range []string{"nosuch=1/1m", "global", "global=ten/1m", "global=10/never"} {
+		c.RateLimits = bad
+		c.DataDir = t.TempDir()
+		err := c.Finalize()
+		require.ErrorContains(t, err, "BULWARK_RATELIMITS", bad)
+	}
+}
+
+// jsonBody encodes v as a request body.
+func jsonBody(t *testing.T, v any) io.Reader {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return bytes.NewReader(b)
+}

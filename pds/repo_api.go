@@ -1,0 +1,622 @@
+package pds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/atdata"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/ipfs/go-cid"
+
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// registerRepoRoutes registers com.atproto.repo's record methods. They need
+// the repository engine and accounts.
+func (s *Server) registerRepoRoutes() {
+	if s.repo == nil || s.accounts == nil {
+		return
+	}
+	// Load the embedded schemas now, not on the first write; a schema that
+	// does not load is a build error, found at start-up.
+	if _, err := lexicons(); err != nil {
+		panic(err)
+	}
+	s.procedure("com.atproto.repo.createRecord", s.handleCreateRecord)
+	s.procedure("com.atproto.repo.putRecord", s.handlePutRecord)
+	s.procedure("com.atproto.repo.deleteRecord", s.handleDeleteRecord)
+	s.procedure("com.atproto.repo.applyWrites", s.handleApplyWrites)
+	s.query("com.atproto.repo.getRecord", s.handleGetRecord)
+	s.query("com.atproto.repo.listRecords", s.handleListRecords)
+	s.query("com.atproto.repo.describeRepo", s.handleDescribeRepo)
+}
+
+// repoErrorFor maps the repository engine's and the PLC client's sentinels
+// to XRPC errors; nil for anything else.
+func repoErrorFor(err error) *XRPCError {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, repo.ErrLimitExceeded):
+		var le *repo.LimitError
+		if errors.As(err, &le) {
+			msg = le.Error()
+		}
+		return InvalidRequest("%s", msg)
+	case errors.Is(err, repo.ErrInvalidSwap):
+		return InvalidSwap("%s", msg)
+	case errors.Is(err, repo.ErrRecordNotFound):
+		return RecordNotFound("%s", msg)
+	case errors.Is(err, repo.ErrRepoNotFound):
+		return RepoNotFound("%s", msg)
+	case errors.Is(err, repo.ErrRecordExists), errors.Is(err, repo.ErrInvalidWrite):
+		return InvalidRequest("%s", msg)
+	case errors.Is(err, plc.ErrNotControlled):
+		return InvalidRequest("%s", msg)
+	case errors.Is(err, plc.ErrDirectory):
+		e := UpstreamFailure("the PLC directory did not accept the operation; nothing was changed")
+		e.Err = err
+		return e
+	}
+	return nil
+}
+
+// commitMeta is com.atproto.repo.defs#commitMeta.
+type commitMeta struct {
+	CID string `json:"cid"`
+	Rev string `json:"rev"`
+}
+
+// optionalCID parses an optional CID field ("" is absent).
+func optionalCID(name, raw string) (*cid.Cid, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	c, err := cid.Decode(raw)
+	if err != nil {
+		return nil, InvalidRequest("%s: %q is not a CID", name, raw)
+	}
+	return &c, nil
+}
+
+// swapRecordField parses a swapRecord that may be absent (no condition),
+// null (the record must not exist) or a CID.
+func swapRecordField(raw json.RawMessage) (*repo.Swap, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return &repo.Swap{}, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, InvalidRequest("swapRecord must be a CID string or null")
+	}
+	c, err := optionalCID("swapRecord", s)
+	if err != nil || c == nil {
+		return nil, InvalidRequest("swapRecord: %q is not a CID", s)
+	}
+	return &repo.Swap{CID: c}, nil
+}
+
+func parseCollection(raw string) (syntax.NSID, error) {
+	n, err := syntax.ParseNSID(raw)
+	if err != nil {
+		return "", InvalidRequest("collection %q is not an NSID: %v", raw, err)
+	}
+	return n, nil
+}
+
+func parseRKey(raw string) (syntax.RecordKey, error) {
+	k, err := syntax.ParseRecordKey(raw)
+	if err != nil {
+		return "", InvalidRequest("rkey %q is not a valid record key: %v", raw, err)
+	}
+	return k, nil
+}
+
+// parseRecord parses a record's JSON with the atproto data model's rules
+// (no floats, well-formed $link/$bytes/blob objects) and checks its $type
+// and lexicon. It returns the record and its validationStatus.
+func parseRecord(collection syntax.NSID, raw json.RawMessage, validate *bool) (map[string]any, string, error) {
+	if len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return nil, "", InvalidRequest("record is required")
+	}
+	rec, err := atdata.UnmarshalJSON(raw)
+	if err != nil {
+		return nil, "", InvalidRequest("record is not valid atproto data: %v", err)
+	}
+	if t, ok := rec["$type"]; !ok {
+		// Clients may leave $type out; it can only be the collection.
+		rec["$type"] = collection.String()
+	} else if ts, _ := t.(string); ts != collection.String() {
+		return nil, "", InvalidRequest("record $type %q does not match collection %q", t, collection)
+	}
+	status, err := validateRecord(collection, rec, validate)
+	if err != nil {
+		return nil, "", err
+	}
+	return rec, status, nil
+}
+
+func atURI(did syntax.DID, collection syntax.NSID, rkey syntax.RecordKey) string {
+	return "at://" + did.String() + "/" + collection.String() + "/" + rkey.String()
+}
+
+type createRecordInput struct {
+	Repo       string          `json:"repo"`
+	Collection string          `json:"collection"`
+	RKey       string          `json:"rkey"`
+	Validate   *bool           `json:"validate"`
+	Record     json.RawMessage `json:"record"`
+	SwapCommit string          `json:"swapCommit"`
+}
+
+type writeOutput struct {
+	URI              string      `json:"uri"`
+	CID              string      `json:"cid"`
+	Commit           *commitMeta `json:"commit,omitempty"`
+	ValidationStatus string      `json:"validationStatus,omitempty"`
+}
+
+func (s *Server) handleCreateRecord(w http.ResponseWriter, r *http.Request) error {
+	var in createRecordInput
+	if err := decodeJSON(r, &in); err != nil {
+		return err
+	}
+	auth, err := s.requireRepoAuth(r, in.Repo)
+	if err != nil {
+		return err
+	}
+	collection, err := parseCollection(in.Collection)
+	if err != nil {
+		return err
+	}
+	var rkey syntax.RecordKey
+	if in.RKey != "" {
+		if rkey, err = parseRKey(in.RKey); err != nil {
+			return err
+		}
+	}
+	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
+	if err != nil {
+		return err
+	}
+	rec, status, err := parseRecord(collection, in.Record, in.Validate)
+	if err != nil {
+		return err
+	}
+	res, err := s.apply(w, r, auth.DID, []repo.Write{{
+		Action: repo.ActionCreate, Collection: collection, RKey: rkey, Record: rec,
+	}}, swapCommit)
+	if err != nil {
+		return err
+	}
+	wr := res.Results[0]
+	return writeJSON(w, http.StatusOK, writeOutput{
+		URI: atURI(auth.DID, collection, wr.RKey), CID: wr.CID.String(),
+		Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}, ValidationStatus: status,
+	})
+}
+
+type putRecordInput struct {
+	Repo       string          `json:"repo"`
+	Collection string          `json:"collection"`
+	RKey       string          `json:"rkey"`
+	Validate   *bool           `json:"validate"`
+	Record     json.RawMessage `json:"record"`
+	SwapRecord json.RawMessage `json:"swapRecord"`
+	SwapCommit string          `json:"swapCommit"`
+}
+
+func (s *Server) handlePutRecord(w http.ResponseWriter, r *http.Request) error {
+	var in putRecordInput
+	if err := decodeJSON(r, &in); err != nil {
+		return err
+	}
+	auth, err := s.requireRepoAuth(r, in.Repo)
+	if err != nil {
+		return err
+	}
+	collection, err := parseCollection(in.Collection)
+	if err != nil {
+		return err
+	}
+	rkey, err := parseRKey(in.RKey)
+	if err != nil {
+		return err
+	}
+	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
+	if err != nil {
+		return err
+	}
+	swapRecord, err := swapRecordField(in.SwapRecord)
+	if err != nil {
+		return err
+	}
+	rec, status, err := parseRecord(collection, in.Record, in.Validate)
+	if err != nil {
+		return err
+	}
+	res, err := s.apply(w, r, auth.DID, []repo.Write{{
+		Action: repo.ActionUpdate, Collection: collection, RKey: rkey, Record: rec, SwapRecord: swapRecord,
+	}}, swapCommit)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, writeOutput{
+		URI: atURI(auth.DID, collection, rkey), CID: res.Results[0].CID.String(),
+		Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}, ValidationStatus: status,
+	})
+}
+
+type deleteRecordInput struct {
+	Repo       string          `json:"repo"`
+	Collection string          `json:"collection"`
+	RKey       string          `json:"rkey"`
+	SwapRecord json.RawMessage `json:"swapRecord"`
+	SwapCommit string          `json:"swapCommit"`
+}
+
+type deleteRecordOutput struct {
+	Commit *commitMeta `json:"commit,omitempty"`
+}
+
+func (s *Server) handleDeleteRecord(w http.ResponseWriter, r *http.Request) error {
+	var in deleteRecordInput
+	if err := decodeJSON(r, &in); err != nil {
+		return err
+	}
+	auth, err := s.requireRepoAuth(r, in.Repo)
+	if err != nil {
+		return err
+	}
+	collection, err := parseCollection(in.Collection)
+	if err != nil {
+		return err
+	}
+	rkey, err := parseRKey(in.RKey)
+	if err != nil {
+		return err
+	}
+	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
+	if err != nil {
+		return err
+	}
+	swapRecord, err := swapRecordField(in.SwapRecord)
+	if err != nil {
+		return err
+	}
+	res, err := s.apply(w, r, auth.DID, []repo.Write{{
+		Action: repo.ActionDelete, Collection: collection, RKey: rkey, SwapRecord: swapRecord,
+	}}, swapCommit)
+	if errors.Is(err, repo.ErrRecordNotFound) && swapRecord == nil {
+		// Deleting what is not there is a no-op, as in the reference PDS.
+		return writeJSON(w, http.StatusOK, deleteRecordOutput{})
+	}
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, deleteRecordOutput{Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}})
+}
+
+// applyWrite is one element of applyWrites' writes union.
+type applyWrite struct {
+	Type       string          `json:"$type"`
+	Collection string          `json:"collection"`
+	RKey       string          `json:"rkey"`
+	Value      json.RawMessage `json:"value"`
+}
+
+type applyWritesInput struct {
+	Repo       string       `json:"repo"`
+	Validate   *bool        `json:"validate"`
+	Writes     []applyWrite `json:"writes"`
+	SwapCommit string       `json:"swapCommit"`
+}
+
+type applyWriteResult struct {
+	Type             string `json:"$type"`
+	URI              string `json:"uri,omitempty"`
+	CID              string `json:"cid,omitempty"`
+	ValidationStatus string `json:"validationStatus,omitempty"`
+}
+
+type applyWritesOutput struct {
+	Commit  *commitMeta        `json:"commit,omitempty"`
+	Results []applyWriteResult `json:"results"`
+}
+
+const applyWritesNS = "com.atproto.repo.applyWrites#"
+
+func (s *Server) handleApplyWrites(w http.ResponseWriter, r *http.Request) error {
+	var in applyWritesInput
+	if err := decodeJSON(r, &in); err != nil {
+		return err
+	}
+	auth, err := s.requireRepoAuth(r, in.Repo)
+	if err != nil {
+		return err
+	}
+	if len(in.Writes) > repo.MaxCommitOps {
+		return InvalidRequest("too many writes: %d; the limit is %d per request", len(in.Writes), repo.MaxCommitOps)
+	}
+	if len(in.Writes) == 0 {
+		return InvalidRequest("writes must hold at least one write")
+	}
+	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
+	if err != nil {
+		return err
+	}
+	writes := make([]repo.Write, len(in.Writes))
+	statuses := make([]string, len(in.Writes))
+	for i, aw := range in.Writes {
+		collection, err := parseCollection(aw.Collection)
+		if err != nil {
+			return err
+		}
+		wr := repo.Write{Collection: collection}
+		if aw.RKey != "" {
+			if wr.RKey, err = parseRKey(aw.RKey); err != nil {
+				return err
+			}
+		}
+		switch strings.TrimPrefix(aw.Type, applyWritesNS) {
+		case "create":
+			wr.Action = repo.ActionCreate
+		case "update":
+			wr.Action = repo.ActionUpdate
+		case "delete":
+			wr.Action = repo.ActionDelete
+		default:
+			return InvalidRequest("writes[%d]: $type must be %screate, update or delete, not %q", i, applyWritesNS, aw.Type)
+		}
+		if wr.Action != repo.ActionCreate && wr.RKey == "" {
+			return InvalidRequest("writes[%d]: %s needs an rkey", i, wr.Action)
+		}
+		if wr.Action != repo.ActionDelete {
+			if wr.Record, statuses[i], err = parseRecord(collection, aw.Value, in.Validate); err != nil {
+				var xe *XRPCError
+				if errors.As(err, &xe) {
+					xe.Message = "writes[" + itoa(i) + "]: " + xe.Message
+				}
+				return err
+			}
+		}
+		writes[i] = wr
+	}
+	res, err := s.apply(w, r, auth.DID, writes, swapCommit)
+	if err != nil {
+		return err
+	}
+	out := applyWritesOutput{Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}, Results: make([]applyWriteResult, len(res.Results))}
+	for i, wr := range res.Results {
+		ar := applyWriteResult{Type: applyWritesNS + string(writes[i].Action) + "Result"}
+		if writes[i].Action != repo.ActionDelete {
+			ar.URI = atURI(auth.DID, wr.Collection, wr.RKey)
+			ar.CID = wr.CID.String()
+			ar.ValidationStatus = statuses[i]
+		}
+		out.Results[i] = ar
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func itoa(i int) string {
+	b, _ := json.Marshal(i)
+	return string(b)
+}
+
+// resolveRepo turns a repo parameter (DID or handle) into a hosted
+// account. Unknown repos are RepoNotFound; deactivated or taken-down ones
+// answer RepoDeactivated / RepoTakendown, as sync methods do.
+func (s *Server) resolveRepo(ctx context.Context, raw string) (*account.Account, error) {
+	id, err := syntax.ParseAtIdentifier(raw)
+	if err != nil {
+		return nil, InvalidRequest("repo %q is not a DID or handle", raw)
+	}
+	var a *account.Account
+	if id.IsDID() {
+		d, _ := id.AsDID()
+		a, err = s.accounts.Get(ctx, d)
+	} else {
+		h, _ := id.AsHandle()
+		a, err = s.accounts.GetByHandle(ctx, h)
+	}
+	if errors.Is(err, account.ErrAccountNotFound) {
+		return nil, RepoNotFound("could not find repo: %s", raw)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch a.Status {
+	case account.StatusDeactivated:
+		return nil, newError(http.StatusBadRequest, "RepoDeactivated", "repo %s is deactivated", a.DID)
+	case account.StatusTakendown:
+		return nil, newError(http.StatusBadRequest, "RepoTakendown", "repo %s has been taken down", a.DID)
+	}
+	return a, nil
+}
+
+type recordOutput struct {
+	URI   string         `json:"uri"`
+	CID   string         `json:"cid"`
+	Value map[string]any `json:"value"`
+}
+
+func recordJSON(did syntax.DID, rec *repo.Record) (recordOutput, error) {
+	v, err := atdata.UnmarshalCBOR(rec.Data)
+	if err != nil {
+		return recordOutput{}, err
+	}
+	return recordOutput{URI: atURI(did, rec.Collection, rec.RKey), CID: rec.CID.String(), Value: v}, nil
+}
+
+func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	repoID := p.required("repo")
+	coll := p.required("collection")
+	rk := p.required("rkey")
+	wantCID := p.optional("cid")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	collection, err := parseCollection(coll)
+	if err != nil {
+		return err
+	}
+	rkey, err := parseRKey(rk)
+	if err != nil {
+		return err
+	}
+	a, err := s.resolveRepo(r.Context(), repoID)
+	if err != nil {
+		return err
+	}
+	rec, err := s.repo.GetRecord(r.Context(), a.DID, collection, rkey)
+	if err != nil {
+		return err
+	}
+	release, err := s.guardRecord(r.Context(), len(rec.Data))
+	if err != nil {
+		return err
+	}
+	defer release()
+	if wantCID != "" && rec.CID.String() != wantCID {
+		return RecordNotFound("could not locate record: %s with cid %s", atURI(a.DID, collection, rkey), wantCID)
+	}
+	out, err := recordJSON(a.DID, rec)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+type listRecordsOutput struct {
+	Cursor  string         `json:"cursor,omitempty"`
+	Records []recordOutput `json:"records"`
+}
+
+func (s *Server) handleListRecords(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	repoID := p.required("repo")
+	coll := p.required("collection")
+	limit := p.intParam("limit", 50, 1, 100)
+	cursor := p.optional("cursor")
+	reverse := p.boolParam("reverse", false)
+	if err := p.Err(); err != nil {
+		return err
+	}
+	collection, err := parseCollection(coll)
+	if err != nil {
+		return err
+	}
+	if cursor != "" {
+		if _, err := parseRKey(cursor); err != nil {
+			return InvalidRequest("cursor %q is not a record key", cursor)
+		}
+	}
+	a, err := s.resolveRepo(r.Context(), repoID)
+	if err != nil {
+		return err
+	}
+	recs, next, err := s.repo.ListRecords(r.Context(), a.DID, collection, cursor, int(limit), reverse)
+	if err != nil {
+		return err
+	}
+	out := listRecordsOutput{Cursor: next, Records: make([]recordOutput, 0, len(recs))}
+	for i := range recs {
+		ro, err := recordJSON(a.DID, &recs[i])
+		if err != nil {
+			return err
+		}
+		out.Records = append(out.Records, ro)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+type describeRepoOutput struct {
+	Handle          string   `json:"handle"`
+	DID             string   `json:"did"`
+	DIDDoc          any      `json:"didDoc"`
+	Collections     []string `json:"collections"`
+	HandleIsCorrect bool     `json:"handleIsCorrect"`
+}
+
+func (s *Server) handleDescribeRepo(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	repoID := p.required("repo")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	a, err := s.resolveRepo(r.Context(), repoID)
+	if err != nil {
+		return err
+	}
+	colls, err := s.repo.ListCollections(r.Context(), a.DID)
+	if err != nil {
+		return err
+	}
+	if colls == nil {
+		colls = []string{}
+	}
+	doc, err := s.didDoc(r.Context(), a)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, describeRepoOutput{
+		Handle: a.Handle.String(), DID: a.DID.String(), DIDDoc: doc, Collections: colls, HandleIsCorrect: true,
+	})
+}
+
+// didDocument is the DID document as this server publishes it.
+type didDocument struct {
+	Context            []string             `json:"@context"`
+	ID                 string               `json:"id"`
+	AlsoKnownAs        []string             `json:"alsoKnownAs"`
+	VerificationMethod []verificationMethod `json:"verificationMethod"`
+	Service            []didService         `json:"service"`
+}
+
+type verificationMethod struct {
+	ID                 string `json:"id"`
+	Type               string `json:"type"`
+	Controller         string `json:"controller"`
+	PublicKeyMultibase string `json:"publicKeyMultibase"`
+}
+
+type didService struct {
+	ID              string `json:"id"`
+	Type            string `json:"type"`
+	ServiceEndpoint string `json:"serviceEndpoint"`
+}
+
+// didDoc builds a hosted account's DID document from what this server
+// wrote into the PLC directory, without asking it: describeRepo and
+// session responses must not depend on a network round trip.
+func (s *Server) didDoc(ctx context.Context, a *account.Account) (*didDocument, error) {
+	pub, err := s.accounts.PublicKey(ctx, a.DID)
+	if err != nil {
+		return nil, err
+	}
+	return newDIDDocument(a.DID, a.Handle, pub, s.cfg.PublicURL()), nil
+}
+
+func newDIDDocument(did syntax.DID, handle syntax.Handle, pub atcrypto.PublicKey, pdsURL string) *didDocument {
+	d := did.String()
+	return &didDocument{
+		Context:     []string{"https://www.w3.org/ns/did/v1", "https://w3id.org/security/multikey/v1", "https://w3id.org/security/suites/secp256k1-2019/v1"},
+		ID:          d,
+		AlsoKnownAs: []string{"at://" + handle.String()},
+		VerificationMethod: []verificationMethod{{
+			ID: d + "#" + plc.VerificationMethod, Type: "Multikey", Controller: d, PublicKeyMultibase: pub.Multibase(),
+		}},
+		Service: []didService{{ID: "#" + plc.ServiceID, Type: plc.ServiceType, ServiceEndpoint: pdsURL}},
+	}
+}

@@ -1,0 +1,132 @@
+package pds
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/bulwark-pds/bulwark/account"
+)
+
+// registerSessionRoutes registers the com.atproto.server session methods.
+func (s *Server) registerSessionRoutes() {
+	if s.accounts == nil {
+		return
+	}
+	s.procedure("com.atproto.server.createSession", s.handleCreateSession)
+	s.query("com.atproto.server.getSession", s.handleGetSession)
+	s.procedure("com.atproto.server.refreshSession", s.handleRefreshSession)
+	s.procedure("com.atproto.server.deleteSession", s.handleDeleteSession)
+}
+
+// sessionOutput is the shape createSession, refreshSession and getSession
+// share (fields each lexicon marks optional are omitted when empty).
+type sessionOutput struct {
+	AccessJwt       string       `json:"accessJwt,omitempty"`
+	RefreshJwt      string       `json:"refreshJwt,omitempty"`
+	Handle          string       `json:"handle"`
+	DID             string       `json:"did"`
+	DIDDoc          *didDocument `json:"didDoc,omitempty"`
+	Email           string       `json:"email,omitempty"`
+	EmailConfirmed  *bool        `json:"emailConfirmed,omitempty"`
+	EmailAuthFactor *bool        `json:"emailAuthFactor,omitempty"`
+	Active          bool         `json:"active"`
+	Status          string       `json:"status,omitempty"`
+}
+
+func (s *Server) sessionOutput(r *http.Request, a *account.Account, sess *account.Session, withEmail bool) (*sessionOutput, error) {
+	doc, err := s.didDoc(r.Context(), a)
+	if err != nil {
+		return nil, err
+	}
+	out := &sessionOutput{Handle: a.Handle.String(), DID: a.DID.String(), DIDDoc: doc, Active: a.Active()}
+	if !a.Active() {
+		out.Status = string(a.Status)
+	}
+	if sess != nil {
+		out.AccessJwt, out.RefreshJwt = sess.AccessJwt, sess.RefreshJwt
+	}
+	if withEmail && a.Email != "" {
+		no := false
+		out.Email, out.EmailConfirmed, out.EmailAuthFactor = a.Email, &no, &no
+	}
+	return out, nil
+}
+
+type createSessionInput struct {
+	Identifier      string `json:"identifier"`
+	Password        string `json:"password"`
+	AuthFactorToken string `json:"authFactorToken"`
+}
+
+func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) error {
+	var in createSessionInput
+	if err := decodeJSON(r, &in); err != nil {
+		return err
+	}
+	if strings.TrimSpace(in.Identifier) == "" || in.Password == "" {
+		return InvalidRequest("identifier and password are required")
+	}
+	if err := s.limitLogin(w, r, in.Identifier); err != nil {
+		return err
+	}
+	if len(in.Password) > account.MaxPasswordLength {
+		return account.ErrAuthFailed
+	}
+	a, app, err := s.accounts.Login(r.Context(), in.Identifier, in.Password)
+	if err != nil {
+		return err
+	}
+	sess, err := s.accounts.CreateSession(r.Context(), a.DID, app)
+	if err != nil {
+		return err
+	}
+	out, err := s.sessionOutput(r, a, sess, app == nil || app.Privileged)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetSession(w http.ResponseWriter, r *http.Request) error {
+	auth, err := s.requireAuth(r, allowDeactivated())
+	if err != nil {
+		return err
+	}
+	a, err := s.accounts.Get(r.Context(), auth.DID)
+	if err != nil {
+		return err
+	}
+	out, err := s.sessionOutput(r, a, nil, auth.Privileged())
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleRefreshSession(w http.ResponseWriter, r *http.Request) error {
+	token, err := refreshToken(r)
+	if err != nil {
+		return err
+	}
+	a, sess, err := s.accounts.Refresh(r.Context(), token)
+	if err != nil {
+		return err
+	}
+	out, err := s.sessionOutput(r, a, sess, false)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleDeleteSession(w http.ResponseWriter, r *http.Request) error {
+	token, err := refreshToken(r)
+	if err != nil {
+		return err
+	}
+	if err := s.accounts.Logout(r.Context(), token); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}

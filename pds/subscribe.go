@@ -1,0 +1,94 @@
+package pds
+
+import (
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+// subscribeUpgrader upgrades admitted subscribeRepos requests.
+var subscribeUpgrader = firehose.Upgrader()
+
+// subscribeReposPath is the method's path; refusals on it are not
+// access-logged one by one (see observe).
+const subscribeReposPath = "/xrpc/com.atproto.sync.subscribeRepos"
+
+// refusalLogInterval is how often refused subscriptions are summarised in
+// the log.
+const refusalLogInterval = time.Minute
+
+// refusalLog counts refused subscriptions between summary log lines, so a
+// flood costs one line a minute, not one per refusal.
+type refusalLog struct {
+	count atomic.Int64
+	last  atomic.Int64 // unix nanoseconds of the last summary
+}
+
+func (l *refusalLog) note(logger *slog.Logger, client netip.Addr, err error, now time.Time) {
+	n := l.count.Add(1)
+	last := l.last.Load()
+	if now.UnixNano()-last < int64(refusalLogInterval) || !l.last.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	l.count.Add(-n)
+	logger.Warn("refusing subscribeRepos connections", "refused", n, "since", time.Unix(0, last).UTC(),
+		"latest_client", client.String(), "latest_reason", err.Error())
+}
+
+// handleSubscribeRepos serves com.atproto.sync.subscribeRepos. Admission
+// comes first, before the upgrade and before any database work: relays
+// redial in a tight loop, so a refusal must cost next to nothing.
+func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) error {
+	now := time.Now()
+	client := s.clientIP(r)
+	ticket, retry, err := s.subscribeAdmission.Admit(client, now)
+	if err != nil {
+		s.subscribeRefusals.note(s.logger, client, err, now)
+		return RateLimitExceeded(retry, "%s", err.Error())
+	}
+	defer ticket.Release()
+
+	var cursor *int64
+	if v := r.URL.Query().Get("cursor"); v != "" {
+		c, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || c < 0 {
+			return InvalidRequest("cursor must be a non-negative integer")
+		}
+		cursor = &c
+	}
+	if !websocket.IsWebSocketUpgrade(r) {
+		return InvalidRequest("com.atproto.sync.subscribeRepos is a WebSocket endpoint")
+	}
+	conn, err := subscribeUpgrader.Upgrade(w, r, nil)
+	if err != nil {
+		// The upgrader has answered the client already.
+		s.logger.Debug("subscribeRepos upgrade failed", "err", err)
+		return nil
+	}
+	err = s.firehose.Serve(r.Context(), conn, cursor)
+	if err != nil && !firehose.IsClientGone(err) {
+		s.logger.Warn("subscribeRepos ended on an error", "request_id", RequestID(r.Context()),
+			"client", s.clientIP(r).String(), "err", err)
+	}
+	return nil
+}
+
+// newSubscribeAdmission builds the subscribeRepos admission controller
+// from the configuration.
+func newSubscribeAdmission(opts Options) *firehose.Admission {
+	cfg := firehose.AdmissionConfig{
+		Rate:  opts.Config.FirehoseRate.Limit(),
+		Burst: opts.Config.FirehoseBurst,
+	}
+	if opts.FirehoseAdmission != nil {
+		cfg = *opts.FirehoseAdmission
+	}
+	return firehose.NewAdmission(cfg)
+}

@@ -1,0 +1,553 @@
+package pds
+
+import (
+	"bufio"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/ipfs/go-cid"
+	"github.com/ipld/go-car"
+	"github.com/ipld/go-car/util"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// com.atproto.sync reads: what relays and app views fall back to when they
+// lose track of a repository. All of them are public (no auth) and cheap to
+// refuse: the account's status is checked before any block is read.
+
+//go:embed sync.sql
+var syncSQL string
+
+// qListRepos lists repo_roots joined with account status. It belongs with
+// the repo engine (and the status with the account package); it lives here
+// until they offer a listing, and only reads.
+var qListRepos = db.MustParseQueries(syncSQL).MustGet("ListRepos")
+
+// Limits of the sync methods.
+const (
+	// MaxGetBlocks bounds the CIDs one getBlocks call may ask for: the
+	// lexicon sets none, and each CID is a database lookup held in memory
+	// until the CAR is sent.
+	MaxGetBlocks = 1000
+	// streamWriteTimeout is how long one write of a streamed response
+	// (getRepo, getBlob) may take before the client is dropped: a client
+	// that stops reading must not hold a snapshot and a connection open.
+	streamWriteTimeout = 30 * time.Second
+	// streamBuffer is how much of a CAR export is gathered before a write
+	// to the socket.
+	streamBuffer = 64 << 10
+	// carContentType is the media type of CAR responses.
+	carContentType = "application/vnd.ipld.car"
+)
+
+// RepoDeactivated is the 400 the sync lexicons specify for a deactivated
+// account's repository.
+func RepoDeactivated(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "RepoDeactivated", format, args...)
+}
+
+// RepoTakendown is the 400 the sync lexicons specify for a taken-down
+// account's repository.
+func RepoTakendown(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "RepoTakendown", format, args...)
+}
+
+// BlockNotFound is the 400 of getBlocks for a CID the repository does not
+// hold.
+func BlockNotFound(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "BlockNotFound", format, args...)
+}
+
+// BlobNotFound is the 400 for a blob the account does not have (getBlob)
+// or a record that refers to a blob never uploaded.
+func BlobNotFound(format string, args ...any) *XRPCError {
+	return newError(http.StatusBadRequest, "BlobNotFound", format, args...)
+}
+
+// repoStatus is what the sync methods need to know about a repository
+// before serving it.
+type repoStatus struct {
+	// status is the account's status (active, deactivated, takendown).
+	status account.Status
+	head   *repo.Head
+}
+
+func (st *repoStatus) active() bool { return st.status == account.StatusActive }
+
+// lookupRepo returns did's repository and account status. A DID with
+// neither an account nor a repository is RepoNotFound.
+func (s *Server) lookupRepo(ctx context.Context, did syntax.DID) (*repoStatus, error) {
+	st := &repoStatus{status: account.StatusActive}
+	if s.accounts != nil {
+		status, err := s.accounts.Status(ctx, did)
+		switch {
+		case errors.Is(err, account.ErrAccountNotFound):
+			return nil, RepoNotFound("could not find repo for DID: %s", did)
+		case err != nil:
+			return nil, err
+		}
+		st.status = status
+	}
+	head, err := s.repo.GetHead(ctx, did)
+	if errors.Is(err, repo.ErrRepoNotFound) {
+		return nil, RepoNotFound("could not find repo for DID: %s", did)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st.head = head
+	return st, nil
+}
+
+// availableRepo is lookupRepo for methods that serve a repository's
+// contents: a deactivated or taken-down account's repository is refused
+// with the reference PDS's errors.
+func (s *Server) availableRepo(ctx context.Context, did syntax.DID) (*repoStatus, error) {
+	st, err := s.lookupRepo(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	switch st.status {
+	case account.StatusActive:
+		return st, nil
+	case account.StatusDeactivated:
+		return nil, RepoDeactivated("repo has been deactivated: %s", did)
+	case account.StatusTakendown:
+		return nil, RepoTakendown("repo has been taken down: %s", did)
+	default:
+		return nil, RepoNotFound("could not find repo for DID: %s", did)
+	}
+}
+
+// handleGetRepo answers com.atproto.sync.getRepo: the whole repository (or
+// the blocks written after ?since) as a CAR, streamed from one database
+// snapshot so the server's memory does not grow with the repository.
+func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	since := p.optional("since")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	if since != "" {
+		if _, err := syntax.ParseTID(since); err != nil {
+			return InvalidRequest("parameter \"since\" must be a repo rev (a TID): %v", err)
+		}
+	}
+	release, gerr := s.guardExport(r.Context())
+	if gerr != nil {
+		return gerr
+	}
+	defer release()
+	if _, err := s.availableRepo(r.Context(), did); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", carContentType)
+	sw := newStreamWriter(w)
+	bw := bufio.NewWriterSize(sw, streamBuffer)
+	err := s.repo.ExportCAR(r.Context(), did, since, bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		return s.endStream(r, sw, err)
+	}
+	return nil
+}
+
+// handleGetLatestCommit answers com.atproto.sync.getLatestCommit.
+func (s *Server) handleGetLatestCommit(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	st, err := s.availableRepo(r.Context(), did)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, comatproto.SyncGetLatestCommit_Output{Cid: st.head.Commit.String(), Rev: st.head.Rev})
+}
+
+// handleSyncGetRecord answers com.atproto.sync.getRecord: a CAR proving the
+// record's presence (commit, MST path, record) or its absence (commit and
+// the MST path to where it would be), as the lexicon describes.
+func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	rawColl := p.required("collection")
+	rawRKey := p.required("rkey")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	coll, err := syntax.ParseNSID(rawColl)
+	if err != nil {
+		return InvalidRequest("parameter \"collection\": %v", err)
+	}
+	rkey, err := syntax.ParseRecordKey(rawRKey)
+	if err != nil {
+		return InvalidRequest("parameter \"rkey\": %v", err)
+	}
+	release, err := s.guard(r.Context(), proofReserve)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if _, err := s.availableRepo(r.Context(), did); err != nil {
+		return err
+	}
+	proof, err := s.repo.ProofCAR(r.Context(), did, coll, rkey)
+	if err != nil {
+		return err
+	}
+	return writeCAR(w, proof)
+}
+
+// handleGetBlocks answers com.atproto.sync.getBlocks: the requested blocks
+// of the repository's current state (commit, MST nodes, records) as a CAR
+// without roots.
+func (s *Server) handleGetBlocks(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	raw := p.list("cids")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	if len(raw) == 0 {
+		return InvalidRequest("missing required parameter \"cids\"")
+	}
+	if len(raw) > MaxGetBlocks {
+		return InvalidRequest("%d cids asked for; the limit is %d per request", len(raw), MaxGetBlocks)
+	}
+	cids := make([]cid.Cid, 0, len(raw))
+	seen := map[cid.Cid]bool{}
+	for _, c := range raw {
+		parsed, err := cid.Decode(c)
+		if err != nil {
+			return InvalidRequest("%q is not a CID: %v", c, err)
+		}
+		if !seen[parsed] {
+			seen[parsed] = true
+			cids = append(cids, parsed)
+		}
+	}
+	res, err := s.reserve(r.Context(), int64(len(cids))*blockReserve)
+	if err != nil {
+		return err
+	}
+	defer res.Release()
+	st, err := s.availableRepo(r.Context(), did)
+	if err != nil {
+		return err
+	}
+	var buf carBuffer
+	if err := car.WriteHeader(&car.CarHeader{Roots: []cid.Cid{}, Version: 1}, &buf); err != nil {
+		return err
+	}
+	var missing []string
+	for _, c := range cids {
+		var data []byte
+		if c.Equals(st.head.Commit) {
+			data = st.head.CommitBytes
+		} else {
+			data, err = s.repo.GetBlock(r.Context(), did, c)
+			if errors.Is(err, repo.ErrRecordNotFound) {
+				missing = append(missing, c.String())
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if err := util.LdWrite(&buf, c.Bytes(), data); err != nil {
+			return err
+		}
+		if n := int64(cap(buf)); n > res.Size() {
+			res.Resize(n) // larger blocks than estimated: account for them
+		}
+	}
+	if len(missing) > 0 {
+		return BlockNotFound("could not find cids: %v", missing)
+	}
+	return writeCAR(w, buf)
+}
+
+// listReposOutput is com.atproto.sync.listRepos's output. The indigo type
+// marks status optional with omitempty already; this mirrors it with our
+// own element type so that a nil slice is sent as [].
+type listReposOutput struct {
+	Cursor *string                          `json:"cursor,omitempty"`
+	Repos  []*comatproto.SyncListRepos_Repo `json:"repos"`
+}
+
+// handleListRepos answers com.atproto.sync.listRepos, paginated by DID.
+func (s *Server) handleListRepos(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	limit := p.intParam("limit", 500, 1, 1000)
+	cursor := p.optional("cursor")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	rows, err := s.db.Query(r.Context(), qListRepos, cursor, limit)
+	if err != nil {
+		return fmt.Errorf("listing repos: %w", db.Translate(err))
+	}
+	out := listReposOutput{Repos: []*comatproto.SyncListRepos_Repo{}}
+	var did, rev string
+	var commitRaw []byte
+	var status *string
+	_, err = pgx.ForEachRow(rows, []any{&did, &commitRaw, &rev, &status}, func() error {
+		c, err := cid.Cast(commitRaw)
+		if err != nil {
+			return fmt.Errorf("%w: commit cid of %s: %v", repo.ErrCorruptRepo, did, err)
+		}
+		item := &comatproto.SyncListRepos_Repo{Did: did, Head: c.String(), Rev: rev}
+		st := string(account.StatusActive)
+		switch {
+		case status != nil:
+			st = *status
+		case s.accounts != nil:
+			// A repository whose account row is gone: getRepo answers
+			// RepoNotFound for it, so it is listed as deleted.
+			st = string(account.StatusDeleted)
+		}
+		active := st == string(account.StatusActive)
+		item.Active = &active
+		if !active {
+			item.Status = &st
+		}
+		out.Repos = append(out.Repos, item)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing repos: %w", db.Translate(err))
+	}
+	if int64(len(out.Repos)) == limit {
+		last := out.Repos[len(out.Repos)-1].Did
+		out.Cursor = &last
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// handleGetRepoStatus answers com.atproto.sync.getRepoStatus. Unlike the
+// content methods it answers for deactivated and taken-down accounts too:
+// saying so is its purpose.
+func (s *Server) handleGetRepoStatus(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	st, err := s.lookupRepo(r.Context(), did)
+	if err != nil {
+		return err
+	}
+	out := comatproto.SyncGetRepoStatus_Output{Did: did.String(), Active: st.active()}
+	if st.active() {
+		out.Rev = &st.head.Rev
+	} else {
+		status := string(st.status)
+		out.Status = &status
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+type listBlobsOutput struct {
+	Cursor *string  `json:"cursor,omitempty"`
+	Cids   []string `json:"cids"`
+}
+
+// handleListBlobs answers com.atproto.sync.listBlobs: the blobs the
+// account's records refer to, optionally only those of records written
+// after ?since, in CID order.
+func (s *Server) handleListBlobs(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	since := p.optional("since")
+	limit := p.intParam("limit", 500, 1, 1000)
+	cursor := p.optional("cursor")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	if since != "" {
+		if _, err := syntax.ParseTID(since); err != nil {
+			return InvalidRequest("parameter \"since\" must be a repo rev (a TID): %v", err)
+		}
+	}
+	if _, err := s.availableRepo(r.Context(), did); err != nil {
+		return err
+	}
+	cids, next, err := s.blobs.ListBlobs(r.Context(), did, since, cursor, int(limit))
+	if err != nil {
+		return err
+	}
+	out := listBlobsOutput{Cids: cids}
+	if out.Cids == nil {
+		out.Cids = []string{}
+	}
+	if next != "" {
+		out.Cursor = &next
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// handleGetBlob answers com.atproto.sync.getBlob. The bytes are served
+// under the MIME type sniffed at upload, never interpreted by a browser as
+// anything else (nosniff) and never able to run script or load anything in
+// this origin (the CSP sandbox), whatever an uploader put in them. Range
+// requests and conditional requests (ETag = the CID, which never changes)
+// are handled by http.ServeContent; HEAD takes the same path as GET.
+func (s *Server) handleGetBlob(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	rawCID := p.required("cid")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	c, err := cid.Decode(rawCID)
+	if err != nil {
+		return InvalidRequest("parameter \"cid\": %q is not a CID: %v", rawCID, err)
+	}
+	release, err := s.guard(r.Context(), blobReserve)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if _, err := s.availableRepo(r.Context(), did); err != nil {
+		return err
+	}
+	b, rc, err := s.blobs.Open(r.Context(), did, c)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	h := w.Header()
+	h.Set("Content-Type", b.MimeType)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
+	h.Set("ETag", strconv.Quote(c.String()))
+	// Content-addressed: the bytes under this URL never change.
+	h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	sw := newStreamWriter(w)
+	http.ServeContent(sw, r, "", time.Time{}, rc)
+	if sw.err != nil {
+		return s.endStream(r, sw, sw.err)
+	}
+	return nil
+}
+
+// writeCAR answers a CAR held in memory (proofs and block lists, which are
+// bounded).
+func writeCAR(w http.ResponseWriter, data []byte) error {
+	h := w.Header()
+	h.Set("Content-Type", carContentType)
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(data)
+	return nil
+}
+
+// carBuffer is a growable byte slice that is an io.Writer.
+type carBuffer []byte
+
+func (b *carBuffer) Write(p []byte) (int, error) {
+	*b = append(*b, p...)
+	return len(p), nil
+}
+
+// streamWriter is the response writer of a long-running streamed response:
+// before each write it pushes the connection's write deadline forward, so a
+// client that keeps reading is served however long it takes and one that
+// stops is dropped after streamWriteTimeout. It remembers the first write
+// error.
+type streamWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	started bool
+	err     error
+}
+
+func newStreamWriter(w http.ResponseWriter) *streamWriter {
+	return &streamWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+}
+
+func (sw *streamWriter) Write(p []byte) (int, error) {
+	if sw.err != nil {
+		return 0, sw.err
+	}
+	_ = sw.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	sw.started = true
+	n, err := sw.ResponseWriter.Write(p)
+	if err != nil {
+		sw.err = err
+	}
+	return n, err
+}
+
+// Unwrap exposes the underlying writer to http.ResponseController.
+func (sw *streamWriter) Unwrap() http.ResponseWriter { return sw.ResponseWriter }
+
+// endStream ends a streamed response that broke. Before the first byte the
+// error can still be answered normally; after it, the connection is aborted
+// so that the client sees a truncated transfer instead of a short response
+// that looks complete.
+func (s *Server) endStream(r *http.Request, sw *streamWriter, err error) error {
+	if !sw.started {
+		return err
+	}
+	level := slog.LevelWarn
+	if r.Context().Err() != nil {
+		level = slog.LevelDebug // the client went away
+	}
+	s.logger.Log(r.Context(), level, "streamed response cut off", "request_id", RequestID(r.Context()), "path", r.URL.Path, "error", err)
+	panic(http.ErrAbortHandler)
+}
+
+// registerSyncRoutes registers the com.atproto.sync reads and the blob
+// methods. They need the repository engine; the blob methods need the blob
+// service too.
+func (s *Server) registerSyncRoutes() {
+	if s.repo == nil {
+		return
+	}
+	s.query("com.atproto.sync.getRepo", s.handleGetRepo, longRunning())
+	s.query("com.atproto.sync.getLatestCommit", s.handleGetLatestCommit)
+	s.query("com.atproto.sync.getRecord", s.handleSyncGetRecord)
+	s.query("com.atproto.sync.getBlocks", s.handleGetBlocks)
+	s.query("com.atproto.sync.listRepos", s.handleListRepos)
+	s.query("com.atproto.sync.getRepoStatus", s.handleGetRepoStatus)
+	if s.blobs == nil {
+		return
+	}
+	s.query("com.atproto.sync.listBlobs", s.handleListBlobs)
+	s.query("com.atproto.sync.getBlob", s.handleGetBlob, longRunning())
+	s.procedure("com.atproto.repo.uploadBlob", s.handleUploadBlob, withMaxBody(s.blobs.MaxBytes()), longRunning())
+	s.query("com.atproto.repo.listMissingBlobs", s.handleListMissingBlobs)
+}
+
+// blobErrorFor maps the blob service's sentinels to XRPC errors; nil for
+// anything else.
+func blobErrorFor(err error) *XRPCError {
+	switch {
+	case errors.Is(err, blob.ErrBlobNotFound):
+		return BlobNotFound("%s", err.Error())
+	case errors.Is(err, blob.ErrTooLarge):
+		return PayloadTooLarge("%s", err.Error())
+	case errors.Is(err, blob.ErrUploadRead):
+		return InvalidRequest("the upload did not arrive whole: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package plc_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	didplc "github.com/did-method-plc/go-didplc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/plc/plctest"
+)
+
+func newKey(t *testing.T) *atcrypto.PrivateKeyK256 {
+	t.Helper()
+	k, err := atcrypto.GeneratePrivateKeyK256()
+	require.NoError(t, err)
+	return k
+}
+
+func TestGenesisUpdateTombstone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir, srv := plctest.NewServer(t)
+	rot := newKey(t)
+	c, err := plc.NewClient(srv.URL, rot, nil)
+	require.NoError(t, err)
+	signing := newKey(t)
+	pub, err := signing.PublicKey()
+	require.NoError(t, err)
+
+	did, op, err := c.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "http://localhost:2583"})
+	require.NoError(t, err)
+	require.NoError(t, c.Submit(ctx, did, op))
+
+	doc, err := c.Resolve(ctx, did)
+	require.NoError(t, err)
+	require.Equal(t, did.String(), doc.ID)
+	require.Equal(t, []string{"at://alice.test"}, doc.AlsoKnownAs)
+	require.Equal(t, "http://localhost:2583", doc.Service[0].ServiceEndpoint)
+	require.Equal(t, pub.Multibase(), doc.VerificationMethod[0].PublicKeyMultibase)
+
+	require.NoError(t, c.UpdateHandle(ctx, did, "bob.test"))
+	doc, err = c.Resolve(ctx, did)
+	require.NoError(t, err)
+	require.Equal(t, []string{"at://bob.test"}, doc.AlsoKnownAs)
+	require.NoError(t, didplc.VerifyOpLog(dir.Log(did.String())))
+
+	// Replaying the genesis is refused; so is an op signed by another key.
+	require.ErrorIs(t, c.Submit(ctx, did, op), plc.ErrDirectory)
+	other, err := plc.NewClient(srv.URL, newKey(t), nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, other.UpdateHandle(ctx, did, "mallory.test"), plc.ErrNotControlled)
+
+	// A genesis submitted under the wrong DID is refused.
+	did2, op2, err := c.Genesis(plc.Identity{Handle: "carol.test", SigningKey: pub, PDSEndpoint: "http://x"})
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Submit(ctx, syntax.DID("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"), op2), plc.ErrDirectory)
+	require.NoError(t, c.Submit(ctx, did2, op2))
+
+	// A genesis signed by a key that is not among its rotation keys is refused.
+	forged := *op2
+	forged.AlsoKnownAs = []string{"at://forged.test"}
+	require.NoError(t, forged.Sign(newKey(t)))
+	fdid, err := forged.DID()
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Submit(ctx, syntax.DID(fdid), &forged), plc.ErrDirectory)
+
+	require.NoError(t, c.Tombstone(ctx, did2, op2))
+	_, err = c.Resolve(ctx, did2)
+	require.ErrorIs(t, err, plc.ErrDirectory)
+}
+
+func TestDirectoryPersists(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "plc.jsonl")
+	dir, err := plctest.Open(path)
+	require.NoError(t, err)
+	srv := httptest.NewServer(dir)
+	c, err := plc.NewClient(srv.URL, newKey(t), nil)
+	require.NoError(t, err)
+	pub, err := newKey(t).PublicKey()
+	require.NoError(t, err)
+	did, op, err := c.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "http://x"})
+	require.NoError(t, err)
+	require.NoError(t, c.Submit(ctx, did, op))
+	require.NoError(t, c.UpdateHandle(ctx, did, "bob.test"))
+	srv.Close()
+	require.NoError(t, dir.Close())
+
+	dir, err = plctest.Open(path)
+	require.NoError(t, err)
+	defer dir.Close()
+	require.Len(t, dir.Log(did.String()), 2)
+	require.NoError(t, didplc.VerifyOpLog(dir.Log(did.String())))
+}

@@ -1,0 +1,174 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Day is the window of the daily rules.
+const Day = 24 * time.Hour
+
+// Write costs in points against the per-account write limits, as in the
+// reference PDS.
+const (
+	WriteCostCreate = 3
+	WriteCostUpdate = 2
+	WriteCostDelete = 1
+)
+
+// Limiter names of the reference PDS's policies, the keys of
+// DefaultPolicies. They name the limiters in metrics.
+const (
+	// PolicyGlobal applies to every XRPC request, keyed by client IP.
+	PolicyGlobal = "global"
+	// PolicyGetRepo replaces the global limit for sync.getRepo, keyed by IP.
+	PolicyGetRepo = "getRepo"
+	// PolicyCreateSession is keyed by Key(lowercased identifier, IP).
+	PolicyCreateSession = "createSession"
+	// PolicyCreateAccount is keyed by IP.
+	PolicyCreateAccount = "createAccount"
+	// PolicyUploadBlob is keyed by DID.
+	PolicyUploadBlob = "uploadBlob"
+	// PolicyUpdateHandle is keyed by DID.
+	PolicyUpdateHandle = "updateHandle"
+	// PolicyDeleteAccount is keyed by IP.
+	PolicyDeleteAccount = "deleteAccount"
+	// PolicyResetPassword covers requestPasswordReset and resetPassword,
+	// keyed by IP.
+	PolicyResetPassword = "resetPassword"
+	// PolicyRepoWrite is the per-account write points (WriteCost*), keyed
+	// by DID.
+	PolicyRepoWrite = "repoWrite"
+)
+
+// DefaultPolicies returns the reference PDS's limits (PROTOCOL.md, "Rate
+// limits of the reference PDS"), by limiter name. subscribeRepos is not
+// here: firehose.Admission has its own per-client bucket.
+func DefaultPolicies() map[string][]Rule {
+	const fiveMin = 5 * time.Minute
+	return map[string][]Rule{
+		PolicyGlobal:        {{Name: "5m", Limit: 3000, Window: fiveMin}},
+		PolicyGetRepo:       {{Name: "5m", Limit: 6000, Window: fiveMin}},
+		PolicyCreateSession: {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
+		PolicyCreateAccount: {{Name: "5m", Limit: 100, Window: fiveMin}},
+		PolicyUploadBlob:    {{Name: "day", Limit: 1000, Window: Day}},
+		PolicyUpdateHandle:  {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 50, Window: Day}},
+		PolicyDeleteAccount: {{Name: "5m", Limit: 50, Window: fiveMin}},
+		PolicyResetPassword: {{Name: "5m", Limit: 50, Window: fiveMin}},
+		PolicyRepoWrite:     {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
+	}
+}
+
+// ParseRules reads rules from configuration: comma-separated
+// "limit/window" items, the window a Go duration or a number of days
+// ("3000/5m", "30/5m,300/1d"). Each rule is named by its window as written.
+// "" and "off" mean no rules (the limiter allows everything).
+func ParseRules(s string) ([]Rule, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "off" {
+		return nil, nil
+	}
+	var rules []Rule
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		limitStr, windowStr, ok := strings.Cut(item, "/")
+		if !ok {
+			return nil, fmt.Errorf("%w %q: want limit/window, like 3000/5m", ErrBadRule, item)
+		}
+		limit, err := strconv.Atoi(strings.TrimSpace(limitStr))
+		if err != nil || limit <= 0 {
+			return nil, fmt.Errorf("%w %q: limit must be a positive integer", ErrBadRule, item)
+		}
+		windowStr = strings.TrimSpace(windowStr)
+		window, err := parseWindow(windowStr)
+		if err != nil || window <= 0 {
+			return nil, fmt.Errorf("%w %q: window must be a positive duration like 5m, 1h or 1d", ErrBadRule, item)
+		}
+		rules = append(rules, Rule{Name: windowStr, Limit: limit, Window: window})
+	}
+	return rules, nil
+}
+
+func parseWindow(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(n) * Day, nil
+	}
+	return time.ParseDuration(s)
+}
+
+// Set is the limiters of a server, by policy name.
+type Set struct {
+	byName map[string]*Limiter
+	names  []string
+}
+
+// NewSet builds one Limiter per policy (DefaultPolicies, overridden from
+// configuration), each tracking at most maxKeys keys (0 = DefaultMaxKeys).
+// A policy with no rules gets no limiter: Get returns nil, which allows
+// everything.
+func NewSet(policies map[string][]Rule, maxKeys int) (*Set, error) {
+	s := &Set{byName: map[string]*Limiter{}}
+	for name, rules := range policies {
+		if len(rules) == 0 {
+			continue
+		}
+		l, err := New(Config{Name: name, Rules: rules, MaxKeys: maxKeys})
+		if err != nil {
+			return nil, err
+		}
+		s.byName[name] = l
+		s.names = append(s.names, name)
+	}
+	slices.Sort(s.names)
+	return s, nil
+}
+
+// Get returns the named limiter, or nil (allow everything) if that policy
+// is off. A nil Set returns nil.
+func (s *Set) Get(name string) *Limiter {
+	if s == nil {
+		return nil
+	}
+	return s.byName[name]
+}
+
+// All returns the limiters in name order, for metrics and pruning.
+func (s *Set) All() []*Limiter {
+	if s == nil {
+		return nil
+	}
+	out := make([]*Limiter, 0, len(s.names))
+	for _, n := range s.names {
+		out = append(out, s.byName[n])
+	}
+	return out
+}
+
+// PruneInterval is how often Set.Run forgets idle keys.
+const PruneInterval = time.Minute
+
+// Run prunes every limiter of the set each PruneInterval until ctx ends,
+// so that limiters that went quiet give their memory back (busy ones
+// already prune as they go).
+func (s *Set) Run(ctx context.Context) {
+	t := time.NewTicker(PruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, l := range s.All() {
+				l.Prune()
+			}
+		}
+	}
+}
