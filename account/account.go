@@ -39,9 +39,6 @@ var (
 	qSetStatus                  = queries.MustGet("SetStatus")
 	qSetHandle                  = queries.MustGet("SetHandle")
 	qDeleteAccount              = queries.MustGet("DeleteAccount")
-	qDeleteRepoRecords          = queries.MustGet("DeleteRepoRecords")
-	qDeleteRepoNodes            = queries.MustGet("DeleteRepoNodes")
-	qDeleteRepoRoot             = queries.MustGet("DeleteRepoRoot")
 	qCheckSession               = queries.MustGet("CheckSession")
 	qInsertRefreshToken         = queries.MustGet("InsertRefreshToken")
 	qLockRefreshToken           = queries.MustGet("LockRefreshToken")
@@ -62,6 +59,14 @@ var (
 	qListInviteCodesFor         = queries.MustGet("ListInviteCodesFor")
 	qSessionOfRefreshToken      = queries.MustGet("SessionOfRefreshToken")
 	qLockRepoRoot               = queries.MustGet("LockRepoRoot")
+	qSetPassword                = queries.MustGet("SetPassword")
+	qDeleteAllSessions          = queries.MustGet("DeleteAllSessions")
+	qSetEmail                   = queries.MustGet("SetEmail")
+	qSetInvitesDisabled         = queries.MustGet("SetInvitesDisabled")
+	qGetAccountsByDID           = queries.MustGet("GetAccountsByDID")
+	qInviteUsedBy               = queries.MustGet("InviteUsedBy")
+	qListInviteCodes            = queries.MustGet("ListInviteCodes")
+	qDisableInviteCodes         = queries.MustGet("DisableInviteCodes")
 )
 
 // Status is an account's hosting status.
@@ -679,6 +684,7 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string) 
 	if err != nil {
 		return "", err
 	}
+	submitted := false
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var cur, status, pw string
 		err := tx.QueryRow(ctx, qLockAccount, did.String()).Scan(&cur, &status, &pw)
@@ -695,12 +701,19 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string) 
 			if err := s.plc.UpdateHandle(ctx, did, handle); err != nil {
 				return err
 			}
+			submitted = true
 		}
 		// An unchanged handle still emits #identity: clients call
 		// updateHandle to make relays re-verify a handle.
 		return appendIdentity(ctx, tx, did, handle)
 	})
 	if err != nil {
+		if submitted {
+			// Rare (the commit failed after the directory accepted): the
+			// DID document names the new handle, this database the old
+			// one. Calling updateHandle again with the new handle repairs it.
+			s.log.Error("handle changed in the PLC directory but not stored", "did", did, "handle", handle, "error", err)
+		}
 		return "", err
 	}
 	s.wake()
@@ -783,10 +796,11 @@ func (s *Service) Delete(ctx context.Context, did syntax.DID) error {
 				return fmt.Errorf("deleting account: %w", err)
 			}
 		}
-		for _, q := range []string{qDeleteRepoRecords, qDeleteRepoNodes, qDeleteRepoRoot, qDeleteAccount} {
-			if _, err := tx.Exec(ctx, q, did.String()); err != nil {
-				return fmt.Errorf("deleting account: %w", db.Translate(err))
-			}
+		if err := s.cfg.Repo.DeleteRepoTx(ctx, tx, did); err != nil {
+			return fmt.Errorf("deleting account: %w", err)
+		}
+		if _, err := tx.Exec(ctx, qDeleteAccount, did.String()); err != nil {
+			return fmt.Errorf("deleting account: %w", db.Translate(err))
 		}
 		return appendAccount(ctx, tx, did, StatusDeleted)
 	})

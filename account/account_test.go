@@ -106,3 +106,21 @@ func TestHandleRules(t *testing.T) {
 		require.True(t, errors.Is(err, want), "%s: got %v, want %v", raw, err, want)
 	}
 }
+
+// BenchmarkPasswordVerify is one login's KDF cost with the production
+// parameters (DefaultPasswordParams).
+//
+//	go test ./account -run '^$' -bench PasswordVerify
+func BenchmarkPasswordVerify(b *testing.B) {
+	ctx := context.Background()
+	h := newHasher(DefaultPasswordParams)
+	enc, err := h.hash(ctx, "correct horse battery")
+	require.NoError(b, err)
+	b.ResetTimer()
+	for b.Loop() {
+		ok, err := h.verify(ctx, "correct horse battery", enc)
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+}

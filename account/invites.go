@@ -116,18 +116,5 @@ func (s *Service) AccountInviteCodes(ctx context.Context, did syntax.DID) ([]Inv
 	if err != nil {
 		return nil, db.Translate(err)
 	}
-	var out []InviteCode
-	var c InviteCode
-	var usedBy []string
-	var usedAt []time.Time
-	_, err = pgx.ForEachRow(rows, []any{&c.Code, &c.Available, &c.Disabled, &c.ForAccount, &c.CreatedBy, &c.CreatedAt, &usedBy, &usedAt}, func() error {
-		ic := c
-		ic.Uses = nil
-		for i := range usedBy {
-			ic.Uses = append(ic.Uses, InviteUse{UsedBy: syntax.DID(usedBy[i]), UsedAt: usedAt[i]})
-		}
-		out = append(out, ic)
-		return nil
-	})
-	return out, db.Translate(err)
+	return scanInviteCodes(rows)
 }

@@ -37,15 +37,6 @@ UPDATE accounts SET password_hash = $2, updated_at = now() WHERE did = $1;
 -- name: DeleteAccount
 DELETE FROM accounts WHERE did = $1;
 
--- name: DeleteRepoRecords
-DELETE FROM records WHERE did = $1;
-
--- name: DeleteRepoNodes
-DELETE FROM repo_nodes WHERE did = $1;
-
--- name: DeleteRepoRoot
-DELETE FROM repo_roots WHERE did = $1;
-
 -- name: CheckSession
 -- One round trip per authenticated request: the account's state and whether
 -- the session the access token belongs to is still alive.
@@ -135,3 +126,33 @@ SELECT session_id FROM refresh_tokens WHERE jti = $1 AND did = $2;
 -- name: LockRepoRoot
 -- Taken before deleting a repository, in the order writers take it.
 SELECT 1 FROM repo_roots WHERE did = $1 FOR UPDATE;
+
+-- name: SetEmail
+UPDATE accounts SET email = $2, updated_at = now() WHERE did = $1;
+
+-- name: SetInvitesDisabled
+UPDATE accounts SET invites_disabled = $2, updated_at = now() WHERE did = $1;
+
+-- name: GetAccountsByDID
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash
+FROM accounts WHERE did = ANY($1::text[]) ORDER BY did;
+
+-- name: InviteUsedBy
+SELECT code FROM invite_code_uses WHERE used_by = $1 LIMIT 1;
+
+-- name: ListInviteCodes
+-- Newest first; the cursor is the last code of the previous page's
+-- (created_at, code).
+SELECT c.code, c.available, c.disabled, c.for_account, c.created_by, c.created_at,
+       coalesce(array_agg(u.used_by ORDER BY u.used_at) FILTER (WHERE u.used_by IS NOT NULL), '{}'),
+       coalesce(array_agg(u.used_at ORDER BY u.used_at) FILTER (WHERE u.used_by IS NOT NULL), '{}')
+FROM invite_codes c
+LEFT JOIN invite_code_uses u ON u.code = c.code
+WHERE $1 = '' OR (c.created_at, c.code) < (SELECT created_at, code FROM invite_codes WHERE code = $1)
+GROUP BY c.code
+ORDER BY c.created_at DESC, c.code DESC
+LIMIT $2;
+
+-- name: DisableInviteCodes
+UPDATE invite_codes SET disabled = true
+WHERE code = ANY($1::text[]) OR for_account = ANY($2::text[]);

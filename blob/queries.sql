@@ -73,3 +73,12 @@ WHERE r.did = $1 AND r.blob_cid > $2
   AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.did = r.did AND b.cid = r.blob_cid)
 ORDER BY r.blob_cid, r.record_path
 LIMIT $3;
+
+-- name: DeleteAccountRefs
+DELETE FROM record_blobs WHERE did = $1;
+
+-- name: ExpireAccountBlobs
+-- A deleted account's blobs become unreferenced long ago: the next
+-- collection removes them (and their objects, unless another account holds
+-- the same bytes).
+UPDATE blobs SET temp_since = '-infinity' WHERE did = $1;

@@ -41,6 +41,8 @@ var (
 	qObjectInUse         = queries.MustGet("ObjectInUse")
 	qListBlobs           = queries.MustGet("ListBlobs")
 	qListMissingBlobs    = queries.MustGet("ListMissingBlobs")
+	qDeleteAccountRefs   = queries.MustGet("DeleteAccountRefs")
+	qExpireAccountBlobs  = queries.MustGet("ExpireAccountBlobs")
 )
 
 // Defaults for Config.
@@ -248,6 +250,18 @@ func (s *Service) Open(ctx context.Context, did syntax.DID, c cid.Cid) (*Blob, i
 		return nil, nil, err
 	}
 	return b, rc, nil
+}
+
+// DeleteAccountTx implements account.Cleaner: inside the account deletion's
+// transaction it drops the account's references and marks all its blobs
+// expired, so the next collection deletes them.
+func (s *Service) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+	for _, q := range []string{qDeleteAccountRefs, qExpireAccountBlobs} {
+		if _, err := tx.Exec(ctx, q, did.String()); err != nil {
+			return fmt.Errorf("releasing the account's blobs: %w", db.Translate(err))
+		}
+	}
+	return nil
 }
 
 // TrackTx records the blob references of the records a commit touched

@@ -179,6 +179,33 @@ func TestUploadReferenceServe(t *testing.T) {
 	}
 }
 
+func TestDeletedAccountBlobsCollected(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setup(t, b, Config{TempTTL: time.Hour})
+			did := f.newRepo(t, "gone")
+			other := f.newRepo(t, "stays")
+			data := pngBytes(t, 3000)
+			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(data))
+			require.NoError(t, err)
+			_, err = f.svc.Upload(ctx, other, bytes.NewReader(data))
+			require.NoError(t, err)
+			require.NoError(t, f.post(t, did, repo.ActionCreate, "p1", blob))
+			require.NoError(t, f.post(t, other, repo.ActionCreate, "p1", blob))
+
+			require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+				return f.svc.DeleteAccountTx(ctx, tx, did)
+			}))
+			require.Equal(t, 1, f.collectLater(t, 0), "collected at once, whatever the expiry")
+			require.Zero(t, f.rows(t, did))
+			require.Equal(t, data, f.readBlob(t, other, blob), "the other account's copy of the same bytes survives")
+		})
+	}
+}
+
 func TestUnreferencedExpires(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends {

@@ -74,3 +74,12 @@ func (c *treeCache) remove(el *list.Element) {
 	delete(c.byDID, st.did)
 	c.used -= st.size
 }
+
+// drop forgets did's state, if cached.
+func (c *treeCache) drop(did string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byDID[did]; ok {
+		c.remove(el)
+	}
+}

@@ -49,6 +49,7 @@ var (
 	qGetBlockByCID    = queries.MustGet("GetBlockByCID")
 	qCountRecords     = queries.MustGet("CountRecords")
 	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
+	qDeleteRepo       = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
 // KeySource gives the engine an account's repository signing key.
@@ -666,6 +667,22 @@ func (e *Engine) InitRepo(ctx context.Context, tx pgx.Tx, did syntax.DID, key at
 		return nil, fmt.Errorf("storing empty MST: %w", db.Translate(err))
 	}
 	return &Head{Commit: commitCID, CommitBytes: cbuf.Bytes(), Data: *root, Rev: rev}, nil
+}
+
+// DeleteRepoTx removes did's repository (records, MST nodes, root) inside
+// tx, the account deletion's transaction, and drops its cached tree. Events
+// stay in the log until they age out.
+func (e *Engine) DeleteRepoTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+	if _, err := tx.Exec(ctx, qLockRoot, did.String()); err != nil {
+		return fmt.Errorf("locking repo root: %w", db.Translate(err))
+	}
+	for _, q := range qDeleteRepo {
+		if _, err := tx.Exec(ctx, q, did.String()); err != nil {
+			return fmt.Errorf("deleting repository: %w", db.Translate(err))
+		}
+	}
+	e.cache.drop(did.String())
+	return nil
 }
 
 // Querier is what reads need from a pool or a transaction.

@@ -97,3 +97,12 @@ SELECT count(*) FROM records WHERE did = $1;
 -- name: GlobalCommitLock
 -- Benchmark only: the serialise-everything alternative to the sequencer.
 SELECT pg_advisory_xact_lock(7431);
+
+-- name: DeleteRepoRecords
+DELETE FROM records WHERE did = $1;
+
+-- name: DeleteRepoNodes
+DELETE FROM repo_nodes WHERE did = $1;
+
+-- name: DeleteRepoRoot
+DELETE FROM repo_roots WHERE did = $1;

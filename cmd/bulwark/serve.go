@@ -102,13 +102,14 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 	services = append(services, protect.services...)
+	hub.UseBudget(protect.budget)
 
 	blobs, err := newBlobService(ctx, cfg, d.Pool, logger)
 	if err != nil {
 		return err
 	}
 	services = append(services, service{name: "blob collector", run: blobs.Run})
-	accounts, engine, err := newAccountStack(cfg, d.Pool, sequencer, repo.Config{Blobs: blobs}, logger)
+	accounts, engine, err := newAccountStack(cfg, d.Pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,155 @@
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+// Methods for administrators (com.atproto.admin.*): no session checks here;
+// the caller has checked the admin credentials.
+
+// GetMany returns the accounts among dids, in DID order; unknown DIDs are
+// left out.
+func (s *Service) GetMany(ctx context.Context, dids []syntax.DID) ([]*Account, error) {
+	raw := make([]string, len(dids))
+	for i, d := range dids {
+		raw[i] = d.String()
+	}
+	rows, err := s.pool.Query(ctx, qGetAccountsByDID, raw)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	defer rows.Close()
+	var out []*Account
+	for rows.Next() {
+		a, err := s.scanAccount(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, db.Translate(rows.Err())
+}
+
+// InvitedBy returns the invite code did's account was created with, or "".
+func (s *Service) InvitedBy(ctx context.Context, did syntax.DID) (string, error) {
+	var code string
+	err := s.pool.QueryRow(ctx, qInviteUsedBy, did.String()).Scan(&code)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return code, db.Translate(err)
+}
+
+// SetPassword replaces did's password and ends all its sessions (a reset
+// is usually because the old one leaked).
+func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password string) error {
+	if err := checkNewPassword(password); err != nil {
+		return err
+	}
+	h, err := s.hash.hash(ctx, password)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, qSetPassword, did.String(), h)
+		if err != nil {
+			return db.Translate(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrAccountNotFound
+		}
+		_, err = tx.Exec(ctx, qDeleteAllSessions, did.String())
+		return db.Translate(err)
+	})
+}
+
+// SetEmail replaces did's email address.
+func (s *Service) SetEmail(ctx context.Context, did syntax.DID, email string) error {
+	email, err := normalizeEmail(email)
+	if err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, qSetEmail, did.String(), email)
+	if err = db.Translate(err); errors.Is(err, db.ErrConflict) {
+		return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
+	}
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrAccountNotFound
+	}
+	return nil
+}
+
+// SetInvitesDisabled turns did's ability to make invite codes off or on.
+func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabled bool) error {
+	tag, err := s.pool.Exec(ctx, qSetInvitesDisabled, did.String(), disabled)
+	if err != nil {
+		return db.Translate(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrAccountNotFound
+	}
+	return nil
+}
+
+// ListInviteCodes pages through every invite code, newest first. cursor is
+// the last code of the previous page ("" to start); the returned cursor is
+// "" at the end.
+func (s *Service) ListInviteCodes(ctx context.Context, cursor string, limit int) ([]InviteCode, string, error) {
+	if limit < 1 {
+		return nil, "", fmt.Errorf("account: limit must be positive")
+	}
+	rows, err := s.pool.Query(ctx, qListInviteCodes, cursor, limit)
+	if err != nil {
+		return nil, "", db.Translate(err)
+	}
+	out, err := scanInviteCodes(rows)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) == limit {
+		next = out[len(out)-1].Code
+	}
+	return out, next, nil
+}
+
+// DisableInviteCodes disables the given codes and every code made for the
+// given accounts.
+func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accounts []string) error {
+	if codes == nil {
+		codes = []string{}
+	}
+	if accounts == nil {
+		accounts = []string{}
+	}
+	_, err := s.pool.Exec(ctx, qDisableInviteCodes, codes, accounts)
+	return db.Translate(err)
+}
+
+func scanInviteCodes(rows pgx.Rows) ([]InviteCode, error) {
+	var out []InviteCode
+	var c InviteCode
+	var usedBy []string
+	var usedAt []time.Time
+	_, err := pgx.ForEachRow(rows, []any{&c.Code, &c.Available, &c.Disabled, &c.ForAccount, &c.CreatedBy, &c.CreatedAt, &usedBy, &usedAt}, func() error {
+		ic := c
+		ic.Uses = nil
+		for i := range usedBy {
+			ic.Uses = append(ic.Uses, InviteUse{UsedBy: syntax.DID(usedBy[i]), UsedAt: usedAt[i]})
+		}
+		out = append(out, ic)
+		return nil
+	})
+	return out, db.Translate(err)
+}
