@@ -107,6 +107,11 @@ type consumer struct {
 	lastSeen    time.Time
 	recent      []*Conn // oldest first
 	stuck       *StuckInfo
+	// headCursor/headAt remember that, when last checked, nothing followed
+	// the cursor this consumer keeps asking for: it is at the head, not
+	// stuck. Rechecked at most once a minute.
+	headCursor int64
+	headAt     time.Time
 }
 
 // NewHealth returns an empty tracker.
@@ -257,9 +262,11 @@ func (h *Health) checkStuck(c *consumer) (ConsumerReport, bool) {
 		}
 		sent = sent || e.frames.Load() > 0
 	}
-	if !sent {
-		// Nothing after the cursor yet: a consumer at the head that
-		// reconnects is not stuck.
+	// A consumer at the head that reconnects is not stuck: something must
+	// follow its cursor. A frame written says so; otherwise (the write of an
+	// oversized frame fails when the client drops it) Inspect decides, in
+	// announce.
+	if !sent && (h.cfg.Inspect == nil || (c.headCursor == *last.cursor && time.Since(c.headAt) < time.Minute)) {
 		return ConsumerReport{}, false
 	}
 	c.stuck = &StuckInfo{Cursor: *last.cursor, Seq: *last.cursor + 1, Reconnects: len(ended), Since: ended[len(ended)-1].started}
@@ -271,7 +278,19 @@ func (h *Health) announce(r ConsumerReport) {
 	if h.cfg.Inspect != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if ev, err := h.cfg.Inspect(ctx, r.Stuck.Cursor+1); err == nil && ev != nil {
+		ev, err := h.cfg.Inspect(ctx, r.Stuck.Cursor+1)
+		if err == nil && ev == nil {
+			// Nothing follows the cursor: at the head, not stuck.
+			h.mu.Lock()
+			if el, ok := h.consumers[consumerKey{r.IP, r.UserAgent}]; ok {
+				if c := el.Value.(*consumer); c.stuck != nil && c.stuck.Cursor == r.Stuck.Cursor {
+					c.stuck, c.headCursor, c.headAt = nil, r.Stuck.Cursor, time.Now()
+				}
+			}
+			h.mu.Unlock()
+			return
+		}
+		if err == nil {
 			h.mu.Lock()
 			if el, ok := h.consumers[consumerKey{r.IP, r.UserAgent}]; ok {
 				if c := el.Value.(*consumer); c.stuck != nil && c.stuck.Cursor == r.Stuck.Cursor {

@@ -20,7 +20,11 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 	h := NewHealth(HealthConfig{
 		StuckAfter: 3,
 		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+		// The log ends at seq 50.
 		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+			if seq > 50 {
+				return nil, nil
+			}
 			return &EventInfo{Seq: seq + 3, Kind: KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
 		},
 		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
@@ -39,9 +43,10 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 		connect("10.0.0.2", &c, 5)
 	}
 	// Live-only and head-of-stream reconnects are not stuck either.
+	head := int64(50)
 	for range 5 {
 		connect("10.0.0.3", nil, 3)
-		connect("10.0.0.4", &cursor, 0)
+		connect("10.0.0.4", &head, 0)
 	}
 	// The stuck relay: same cursor, a frame sent, dropped, again and again.
 	for range 2 {
@@ -51,7 +56,7 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 	for range 5 {
 		connect("10.0.0.1", &cursor, 1)
 	}
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 })
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 && h.StuckCount() == 1 })
 	r := findConsumer(h, "10.0.0.1")
 	require.NotNil(t, r.Stuck)
 	require.Equal(t, cursor, r.Stuck.Cursor)

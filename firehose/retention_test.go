@@ -37,4 +37,12 @@ func TestPrunerDeletesOnlyOldEvents(t *testing.T) {
 	require.Len(t, left, 5)
 	require.Equal(t, all[20].Seq, left[0].Seq)
 	require.Equal(t, int64(6), b.eventCount(t))
+
+	// A cursor whose event was pruned is outdated: #info, then the window.
+	conn := dial(t, b.wsURL, ptr(all[5].Seq))
+	f, err := readFrame(t, conn)
+	require.NoError(t, err)
+	require.Equal(t, "#info", f.kind)
+	require.Equal(t, firehose.InfoOutdatedCursor, f.info.Name)
+	requireSeqs(t, left, readUntil(t, conn, left[len(left)-1].Seq))
 }

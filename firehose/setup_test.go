@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -176,7 +177,11 @@ func setup(t testing.TB, o options) *bundle {
 		if err != nil {
 			return
 		}
-		_ = hub.Serve(r.Context(), conn, cursor)
+		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if f := r.Header.Get("X-Forwarded-For"); f != "" {
+			ip = f
+		}
+		_ = hub.Serve(r.Context(), conn, cursor, firehose.Client{IP: ip, UserAgent: r.UserAgent()})
 	}))
 	b.wsURL = "ws" + strings.TrimPrefix(srv.URL, "http") + "/xrpc/com.atproto.sync.subscribeRepos"
 	t.Cleanup(func() {

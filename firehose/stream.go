@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	cbg "github.com/whyrusleeping/cbor-gen"
 
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
 )
 
@@ -31,6 +33,7 @@ var (
 	qEventsAfterBounded = streamQueries.MustGet("EventsAfterBounded")
 	qPruneEvents        = streamQueries.MustGet("PruneEvents")
 	qListenSequenced    = streamQueries.MustGet("ListenSequenced")
+	qOldestSeq          = streamQueries.MustGet("OldestSeq")
 )
 
 // Error-frame names of com.atproto.sync.subscribeRepos.
@@ -41,6 +44,8 @@ const (
 	// window to a cursor older than it.
 	InfoOutdatedCursor = "OutdatedCursor"
 )
+
+const outdatedMessage = "cursor is older than the replay window; replaying the whole window"
 
 // DefaultRetention is how long events are replayable unless configured.
 const DefaultRetention = 72 * time.Hour
@@ -75,7 +80,14 @@ type Config struct {
 	// instead of as #sync. Only for reproducing incidents and testing
 	// repairs: relays drop such frames, or the whole connection.
 	DisableOversizeSync bool
-	Logger              *slog.Logger
+	// Health, when set, tracks consumers: each subscription's cursor,
+	// frames and why it ended, to spot one stuck on an event.
+	Health *Health
+	// Budget, when set, is the shared in-flight byte budget each backfill
+	// page is held against while it is being sent. Live frames are shared
+	// by all subscribers and not counted.
+	Budget *budget.Budget
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -152,6 +164,12 @@ func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
 		live:     map[*subscriber]struct{}{},
 		sessions: map[*session]struct{}{},
 	}
+}
+
+// UseBudget makes backfill pages draw from b (see Config.Budget), for
+// servers that build the budget after the hub. Call it before Run.
+func (h *Hub) UseBudget(b *budget.Budget) {
+	h.cfg.Budget = b
 }
 
 // Notify tells the hub that events up to lastSeq were sequenced. It never
@@ -241,8 +259,28 @@ func (h *Hub) listenOnce(ctx context.Context) error {
 	}
 }
 
-// deliver reads every event after h.last and fans it out.
+// deliver reads every event after h.last and fans it out. With nobody
+// listening it only moves h.last to the sequencer's high-water mark: a
+// subscriber that joins later reads what it needs up to there itself.
 func (h *Hub) deliver(ctx context.Context) error {
+	h.mu.Lock()
+	idle := len(h.live) == 0
+	h.mu.Unlock()
+	if idle {
+		last, err := h.log.LastSeq(ctx)
+		if err != nil {
+			return err
+		}
+		h.mu.Lock()
+		idle = len(h.live) == 0
+		if idle {
+			h.last = max(h.last, last)
+		}
+		h.mu.Unlock()
+		if idle {
+			return nil
+		}
+	}
 	for {
 		h.mu.Lock()
 		after := h.last
@@ -253,7 +291,7 @@ func (h *Hub) deliver(ctx context.Context) error {
 		}
 		frames := make([]liveFrame, 0, len(evs))
 		for i := range evs {
-			data, err := h.frame(&evs[i], nil)
+			data, err := h.frame(&evs[i], nil, slog.LevelWarn)
 			if err != nil {
 				continue
 			}
@@ -291,8 +329,10 @@ func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]Ev
 
 // frame encodes ev's wire frame, appending to dst; an oversized event
 // becomes #sync. An error means the event cannot be sent at all (it is
-// logged and skipped: never sent oversized).
-func (h *Hub) frame(ev *Event, dst []byte) ([]byte, error) {
+// logged and skipped: never sent oversized). The replacement is logged at
+// level: a warning when it goes live (once per event), debug on backfill,
+// where every reconnecting consumer would log it again.
+func (h *Hub) frame(ev *Event, dst []byte, level slog.Level) ([]byte, error) {
 	if !Oversized(ev) || h.cfg.DisableOversizeSync {
 		return AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), nil
 	}
@@ -302,9 +342,18 @@ func (h *Hub) frame(ev *Event, dst []byte) ([]byte, error) {
 			"seq", ev.Seq, "did", ev.DID, "kind", ev.Kind, "frame_bytes", ev.FrameSize(), "err", err)
 		return nil, err
 	}
-	h.logger.Warn("oversized event sent as #sync", "seq", ev.Seq, "did", ev.DID, "kind", ev.Kind,
-		"frame_bytes", ev.FrameSize(), "blocks_bytes", ev.BlocksLen, "ops", ev.OpsCount)
+	h.logger.Log(context.Background(), level, "oversized event sent as #sync", "seq", ev.Seq, "did", ev.DID,
+		"kind", ev.Kind, "frame_bytes", ev.FrameSize(), "blocks_bytes", ev.BlocksLen, "ops", ev.OpsCount)
 	return data, nil
+}
+
+// oldestSeq returns the lowest seq still in the log (an index-only read).
+func (h *Hub) oldestSeq(ctx context.Context) (int64, error) {
+	var seq int64
+	if err := h.pool.QueryRow(ctx, qOldestSeq).Scan(&seq); err != nil {
+		return 0, fmt.Errorf("reading oldest seq: %w", db.Translate(err))
+	}
+	return seq, nil
 }
 
 // Close ends every subscription and refuses new ones. Run calls it when its
@@ -411,12 +460,32 @@ func (h *Hub) lastDelivered() int64 {
 	return h.last
 }
 
+// Client identifies a subscriber for consumer health.
+type Client struct {
+	// IP is the client's address (as the admission control saw it).
+	IP string
+	// UserAgent is the User-Agent header; relays name themselves there.
+	UserAgent string
+}
+
+// Refused records a subscription refused before the upgrade (consumer
+// health counts them; nothing else is done).
+func (h *Hub) Refused(c Client) {
+	if h.cfg.Health != nil {
+		h.cfg.Health.Refused(c.IP, c.UserAgent)
+	}
+}
+
+// Health returns the consumer tracker, or nil (for admin APIs).
+func (h *Hub) Health() *Health { return h.cfg.Health }
+
 // session is one subscription being served.
 type session struct {
 	h      *Hub
 	conn   *websocket.Conn
 	cancel context.CancelFunc
 	logger *slog.Logger
+	track  *Conn // nil without consumer health
 	cur    int64 // last seq written
 	buf    []byte
 	ping   time.Time
@@ -452,7 +521,7 @@ var writeBufferPool = &sync.Pool{}
 // goes away, ctx ends or the hub closes, and closes conn. cursor nil means
 // live only. It returns why the subscription ended (nil for a client that
 // disconnected).
-func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64) error {
+func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64, client Client) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer conn.Close()
@@ -460,10 +529,16 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64) er
 	if cursor != nil {
 		s.logger = s.logger.With("cursor", *cursor)
 	}
+	if h.cfg.Health != nil {
+		s.track = h.cfg.Health.Start(client.IP, client.UserAgent, cursor)
+		// Whatever ended it first has said why; this is the fallback.
+		defer s.end(EndOther)
+	}
 
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
+		s.end(EndServerShutdown)
 		s.close(websocket.CloseGoingAway, "server shutting down")
 		return errClosed
 	}
@@ -487,12 +562,44 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64) er
 		closed := h.closed
 		h.mu.Unlock()
 		if closed {
+			s.end(EndServerShutdown)
 			s.close(websocket.CloseGoingAway, "server shutting down")
 		}
 		// The client left (or the server is stopping): not an error.
 		return nil
 	}
+	if err != nil {
+		s.end(endReasonFor(err))
+	}
 	return err
+}
+
+// end records why the subscription ended, for consumer health; the first
+// reason recorded stands.
+func (s *session) end(r EndReason) {
+	if s.track != nil {
+		s.track.End(r)
+	}
+}
+
+// sent records a frame written, for consumer health.
+func (s *session) sent(seq int64) {
+	if s.track != nil {
+		s.track.Sent(seq)
+	}
+}
+
+// endReasonFor classifies the error a session ended on.
+func endReasonFor(err error) EndReason {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return EndWriteTimeout
+	case errors.Is(err, net.ErrClosed), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, websocket.ErrCloseSent):
+		return EndWriteError
+	}
+	return EndOther
 }
 
 // readLoop consumes what the client sends (pongs, pings, close) and
@@ -523,6 +630,12 @@ func (s *session) readLoop() {
 	for {
 		_, r, err := c.NextReader()
 		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				s.end(EndReadError) // silent past PongTimeout
+			} else {
+				s.end(EndClientClosed)
+			}
 			return
 		}
 		_ = c.SetReadDeadline(time.Now().Add(timeout))
@@ -576,18 +689,36 @@ func (s *session) resolve(ctx context.Context, cursor int64) (int64, error) {
 	}
 	windowStart := time.Now().Add(-h.cfg.Retention)
 	if cursor > 0 {
-		_, at, err := h.log.CursorPoint(ctx, cursor)
+		got, at, err := h.log.CursorPoint(ctx, cursor)
 		if errors.Is(err, ErrNoEvent) {
+			if cursor < last {
+				// Everything after the cursor was pruned: the window is
+				// empty, so the stream goes on live from the end.
+				if err := s.write(infoFrame(InfoOutdatedCursor, outdatedMessage)); err != nil {
+					return -1, err
+				}
+				return last, nil
+			}
 			return cursor, nil
 		}
 		if err != nil {
 			return -1, err
 		}
-		if !at.Before(windowStart) {
+		outdated := at.Before(windowStart)
+		if !outdated && got != cursor {
+			// The cursor's own event is gone. Seqs have no gaps but what
+			// pruning leaves (and a RaiseSeq jump), so a cursor below the
+			// oldest event left is one the window has moved past.
+			oldest, err := h.oldestSeq(ctx)
+			if err != nil {
+				return -1, err
+			}
+			outdated = cursor < oldest
+		}
+		if !outdated {
 			return cursor, nil
 		}
-		msg := "cursor is older than the replay window; replaying the whole window"
-		if err := s.write(infoFrame(InfoOutdatedCursor, msg)); err != nil {
+		if err := s.write(infoFrame(InfoOutdatedCursor, outdatedMessage)); err != nil {
 			return -1, err
 		}
 	}
@@ -610,35 +741,86 @@ func (s *session) backfill(ctx context.Context, done func() bool, until int64) e
 		if until > 0 && s.cur >= until {
 			return nil
 		}
-		page, err := h.after(ctx, s.cur, h.cfg.PageEvents, h.cfg.PageBytes)
+		res, err := h.reserve(ctx)
 		if err != nil {
 			return err
 		}
+		page, err := h.after(ctx, s.cur, h.cfg.PageEvents, h.cfg.PageBytes)
+		if err != nil {
+			res.Release()
+			return err
+		}
 		if len(page) == 0 {
+			res.Release()
 			return nil
 		}
-		for i := range page {
-			ev := &page[i]
-			if until > 0 && ev.Seq > until {
+		res.Resize(pageBytes(page))
+		err = s.sendPage(ctx, page, until)
+		res.Release()
+		if err != nil {
+			if errors.Is(err, errPageDone) {
 				return nil
 			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			data, err := h.frame(ev, s.buf[:0])
-			if err == nil {
-				if err := s.write(data); err != nil {
-					return err
-				}
-				s.keepBuf(data)
-			}
-			s.cur = ev.Seq
-			page[i] = Event{} // let the body go before the next write
+			return err
 		}
 		if done != nil && done() {
 			return nil
 		}
 	}
+}
+
+// errPageDone stops a backfill that reached its upper bound mid-page.
+var errPageDone = errors.New("backfill reached its bound")
+
+// pageBytes is the memory a page of events holds.
+func pageBytes(page []Event) int64 {
+	var n int64
+	for i := range page {
+		n += int64(len(page[i].Body))
+	}
+	return n
+}
+
+// reserve holds a page's worth of the shared in-flight byte budget. A full
+// wait queue pauses the backfill instead of ending it: the subscriber
+// loses nothing by waiting.
+func (h *Hub) reserve(ctx context.Context) (*budget.Reservation, error) {
+	for {
+		res, err := h.cfg.Budget.Acquire(ctx, int64(h.cfg.PageBytes))
+		if !errors.Is(err, budget.ErrOverloaded) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// sendPage writes a page's frames, one at a time, each encoded only once
+// the previous one was written.
+func (s *session) sendPage(ctx context.Context, page []Event, until int64) error {
+	for i := range page {
+		ev := &page[i]
+		if until > 0 && ev.Seq > until {
+			return errPageDone
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		data, err := s.h.frame(ev, s.buf[:0], slog.LevelDebug)
+		if err == nil {
+			if err := s.write(data); err != nil {
+				return err
+			}
+			s.sent(ev.Seq)
+			s.keepBuf(data)
+		}
+		s.cur = ev.Seq
+		page[i] = Event{} // let the body go before the next write
+	}
+	return nil
 }
 
 // keepBuf keeps a frame buffer for the next frame unless it grew large: a
@@ -688,6 +870,9 @@ func (s *session) liveLoop(ctx context.Context, sub *subscriber) error {
 			n := min(len(frames)-i, maxBatchFrames)
 			if err := s.writeFrames(frames[i : i+n]); err != nil {
 				return err
+			}
+			for _, f := range frames[i : i+n] {
+				s.sent(f.seq)
 			}
 			s.cur = frames[i+n-1].seq
 			i += n
@@ -801,6 +986,12 @@ func (s *session) maybePing() error {
 // fail sends an error frame and closes the connection; the error returned
 // is for the log, the client has been told.
 func (s *session) fail(name, msg string) error {
+	switch name {
+	case ErrNameFutureCursor:
+		s.end(EndFutureCursor)
+	case ErrNameConsumerTooSlow:
+		s.end(EndConsumerSlow)
+	}
 	if err := s.write(errorFrame(name, msg)); err != nil {
 		return err
 	}

@@ -26,3 +26,7 @@ WHERE id IN (
 
 -- name: ListenSequenced
 LISTEN bulwark_sequenced;
+
+-- name: OldestSeq
+-- Index-only on events_seq_created.
+SELECT seq FROM events WHERE seq IS NOT NULL ORDER BY seq LIMIT 1;

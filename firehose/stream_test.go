@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
@@ -347,7 +349,10 @@ func TestDisconnectStopsWork(t *testing.T) {
 	require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
 	m := b.queries.mark()
 	time.Sleep(100 * time.Millisecond)
-	require.Empty(t, b.queries.since(m), "no reads after the subscriber left")
+	for _, q := range b.queries.since(m) {
+		// The hub's own wake-up reads the last seq; no event is read.
+		require.NotContains(t, q, "FROM events", "no reads after the subscriber left")
+	}
 }
 
 // TestHubClose ends every subscription (server shutdown).
@@ -399,4 +404,79 @@ func nextAfter(t *testing.T, conn *websocket.Conn, after int64) *frame {
 			return f
 		}
 	}
+}
+
+// TestBackfillDrawsFromBudget: backfill pages are held against the shared
+// in-flight budget and given back.
+func TestBackfillDrawsFromBudget(t *testing.T) {
+	t.Parallel()
+	bud := budget.New(budget.Config{Capacity: 1 << 20})
+	b := setup(t, options{hub: firehose.Config{Budget: bud, PageEvents: 4}})
+	did := b.newRepo(t)
+	for i := range 10 {
+		b.write(t, did, fmt.Sprint("post ", i))
+	}
+	last := b.waitSequenced(t, 11)
+	conn := dial(t, b.wsURL, ptr(int64(0)))
+	require.Len(t, readUntil(t, conn, last), 11)
+	require.Eventually(t, func() bool { return bud.Stats().InUse == 0 }, 10*time.Second, time.Millisecond)
+	require.GreaterOrEqual(t, bud.Stats().Admitted, uint64(3), "one reservation per page")
+}
+
+// TestHealthSeesStuckConsumer: a consumer that reconnects at the same
+// cursor, reads a frame and drops, again and again, is reported stuck at
+// the event after its cursor; refusals and end reasons are recorded.
+func TestHealthSeesStuckConsumer(t *testing.T) {
+	t.Parallel()
+	health := firehose.NewHealth(firehose.HealthConfig{Logger: quietLogger})
+	b := setup(t, options{hub: firehose.Config{Health: health}})
+	did := b.newRepo(t)
+	for i := range 3 {
+		b.write(t, did, fmt.Sprint("post ", i))
+	}
+	last := b.waitSequenced(t, 4)
+	h := http.Header{"X-Forwarded-For": {"203.0.113.9"}, "User-Agent": {"stuck-relay/1.0"}}
+	for range 3 {
+		conn, resp, err := websocket.DefaultDialer.Dial(fmt.Sprintf("%s?cursor=%d", b.wsURL, last-2), h)
+		require.NoError(t, err)
+		resp.Body.Close()
+		_, err = readFrame(t, conn)
+		require.NoError(t, err)
+		conn.Close()
+		require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+	}
+	b.hub.Refused(firehose.Client{IP: "203.0.113.9", UserAgent: "stuck-relay/1.0"})
+	require.Eventually(t, func() bool { return health.StuckCount() == 1 }, 10*time.Second, time.Millisecond)
+	var report *firehose.ConsumerReport
+	for _, c := range health.Consumers() {
+		if c.IP == "203.0.113.9" {
+			report = &c
+		}
+	}
+	require.NotNil(t, report)
+	require.Equal(t, "stuck-relay/1.0", report.UserAgent)
+	require.EqualValues(t, 3, report.Connections)
+	require.EqualValues(t, 1, report.Refused)
+	require.NotNil(t, report.Stuck)
+	require.Equal(t, last-2, report.Stuck.Cursor)
+	require.Equal(t, last-1, report.Stuck.Seq)
+	for _, r := range report.Recent {
+		require.Equal(t, firehose.EndClientClosed, r.Reason)
+		require.GreaterOrEqual(t, r.Frames, int64(1))
+	}
+
+	// A future cursor ends with its own reason.
+	conn := dial(t, b.wsURL, ptr(last+100))
+	_, err := readFrame(t, conn)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		for _, c := range health.Consumers() {
+			for _, r := range c.Recent {
+				if r.Reason == firehose.EndFutureCursor {
+					return true
+				}
+			}
+		}
+		return false
+	}, 10*time.Second, time.Millisecond)
 }

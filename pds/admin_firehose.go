@@ -30,6 +30,7 @@ func (s *Server) registerAdminFirehoseRoutes() {
 	s.procedure(AdminNSIDPrefix+"raiseSeq", s.admin(s.handleRaiseSeq))
 	s.procedure(AdminNSIDPrefix+"repairOversizedEvents", s.admin(s.handleRepairOversized))
 	s.query(AdminNSIDPrefix+"listAuditLog", s.admin(s.handleListAuditLog))
+	s.query(AdminNSIDPrefix+"listConsumers", s.admin(s.handleListConsumers))
 }
 
 // admin wraps a handler so it runs only with admin credentials.
@@ -186,6 +187,22 @@ func (s *Server) handleListAuditLog(w http.ResponseWriter, r *http.Request) erro
 		entries = []audit.Entry{}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"entries": entries})
+}
+
+// handleListConsumers reports the firehose's consumers: recent connections,
+// and for a stuck one the event it cannot get past.
+func (s *Server) handleListConsumers(w http.ResponseWriter, r *http.Request) error {
+	consumers := []firehose.ConsumerReport{}
+	if s.firehose != nil && s.firehose.Health() != nil {
+		consumers = s.firehose.Health().Consumers()
+	}
+	stuck := 0
+	for _, c := range consumers {
+		if c.Stuck != nil {
+			stuck++
+		}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"consumers": consumers, "stuck": stuck})
 }
 
 // adminFirehoseErrorFor maps firehose repair errors; xrpcErrorFor calls it.
