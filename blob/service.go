@@ -280,6 +280,10 @@ func (s *Service) TrackTx(ctx context.Context, tx pgx.Tx, did syntax.DID, rev st
 	wanted := map[string]bool{}
 	for _, ch := range changes {
 		path := ch.Collection.String() + "/" + ch.RKey.String()
+		if ch.Created && len(ch.Blobs) == 0 {
+			// A new record without blobs: nothing to add, nothing to release.
+			continue
+		}
 		paths = append(paths, path)
 		seen := map[string]bool{}
 		for _, b := range ch.Blobs {
@@ -298,6 +302,9 @@ func (s *Service) TrackTx(ctx context.Context, tx pgx.Tx, did syntax.DID, rev st
 		}
 	}
 
+	if len(paths) == 0 {
+		return nil
+	}
 	rows, err := tx.Query(ctx, qDeleteStaleRefs, did.String(), paths, refPaths, refCIDs)
 	if err != nil {
 		return fmt.Errorf("updating blob references: %w", db.Translate(err))

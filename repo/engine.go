@@ -68,6 +68,9 @@ type RecordBlobs struct {
 	Collection syntax.NSID
 	RKey       syntax.RecordKey
 	Blobs      []atdata.Blob
+	// Created is true when the path held no record before this commit, so
+	// it had no references to release.
+	Created bool
 }
 
 // BlobTracker keeps blob references in step with records. It is called
@@ -336,6 +339,7 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 	var ops []*comatproto.SyncSubscribeRepos_RepoOp
 	results := make([]WriteResult, 0, len(writes))
 	var upserts, deletes []preparedWrite
+	created := make(map[string]bool, len(writes))
 	for _, w := range writes {
 		var val *cid.Cid
 		if w.Action != ActionDelete {
@@ -364,6 +368,9 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 			continue
 		}
 		results = append(results, res)
+		if res.Action == ActionCreate {
+			created[w.path] = true
+		}
 		rop := &comatproto.SyncSubscribeRepos_RepoOp{Action: string(res.Action), Path: w.path}
 		if val != nil {
 			l := lexutil.LexLink(*val)
@@ -491,7 +498,7 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 	if e.blobs != nil {
 		changes := make([]RecordBlobs, 0, len(upserts)+len(deletes))
 		for _, w := range upserts {
-			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record)})
+			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: created[w.path]})
 		}
 		for _, w := range deletes {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
