@@ -679,7 +679,7 @@ func (s *Service) CheckPassword(ctx context.Context, did syntax.DID, password st
 // UpdateHandle changes did's handle: the PLC document first (inside the
 // transaction, so a directory failure changes nothing), then the row and
 // an #identity event.
-func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string) (syntax.Handle, error) {
+func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, opts ...WriteOption) (syntax.Handle, error) {
 	handle, err := s.NormalizeHandle(raw)
 	if err != nil {
 		return "", err
@@ -705,7 +705,10 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string) 
 		}
 		// An unchanged handle still emits #identity: clients call
 		// updateHandle to make relays re-verify a handle.
-		return appendIdentity(ctx, tx, did, handle)
+		if err := appendIdentity(ctx, tx, did, handle); err != nil {
+			return err
+		}
+		return runAlso(ctx, tx, opts)
 	})
 	if err != nil {
 		if submitted {
@@ -724,7 +727,7 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string) 
 // SetStatus moves did between active, deactivated and takendown, and
 // emits #account (plus #identity and #sync on reactivation, so consumers
 // re-fetch what they may have dropped, as the reference PDS does).
-func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status) error {
+func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status, opts ...WriteOption) error {
 	if to != StatusActive && to != StatusDeactivated && to != StatusTakendown {
 		return fmt.Errorf("account: cannot set status %q", to)
 	}
@@ -739,7 +742,7 @@ func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status) erro
 			return db.Translate(err)
 		}
 		if Status(status) == to {
-			return nil
+			return runAlso(ctx, tx, opts)
 		}
 		if _, err := tx.Exec(ctx, qSetStatus, did.String(), string(to)); err != nil {
 			return db.Translate(err)
@@ -758,9 +761,11 @@ func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status) erro
 			if err != nil {
 				return err
 			}
-			return firehose.Append(ctx, tx, ev)
+			if err := firehose.Append(ctx, tx, ev); err != nil {
+				return err
+			}
 		}
-		return nil
+		return runAlso(ctx, tx, opts)
 	})
 	if err != nil {
 		return err
@@ -776,7 +781,7 @@ func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status) erro
 // with status deleted. Earlier events of the account stay in the log until
 // they age out, as on any PDS; the #account event tells consumers to drop
 // them.
-func (s *Service) Delete(ctx context.Context, did syntax.DID) error {
+func (s *Service) Delete(ctx context.Context, did syntax.DID, opts ...WriteOption) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var handle, status, pw string
 		err := tx.QueryRow(ctx, qLockAccount, did.String()).Scan(&handle, &status, &pw)
@@ -802,7 +807,10 @@ func (s *Service) Delete(ctx context.Context, did syntax.DID) error {
 		if _, err := tx.Exec(ctx, qDeleteAccount, did.String()); err != nil {
 			return fmt.Errorf("deleting account: %w", db.Translate(err))
 		}
-		return appendAccount(ctx, tx, did, StatusDeleted)
+		if err := appendAccount(ctx, tx, did, StatusDeleted); err != nil {
+			return err
+		}
+		return runAlso(ctx, tx, opts)
 	})
 	if err != nil {
 		return err

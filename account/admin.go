@@ -50,7 +50,7 @@ func (s *Service) InvitedBy(ctx context.Context, did syntax.DID) (string, error)
 
 // SetPassword replaces did's password and ends all its sessions (a reset
 // is usually because the old one leaked).
-func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password string) error {
+func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password string, opts ...WriteOption) error {
 	if err := checkNewPassword(password); err != nil {
 		return err
 	}
@@ -66,40 +66,46 @@ func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password stri
 		if tag.RowsAffected() == 0 {
 			return ErrAccountNotFound
 		}
-		_, err = tx.Exec(ctx, qDeleteAllSessions, did.String())
-		return db.Translate(err)
+		if _, err = tx.Exec(ctx, qDeleteAllSessions, did.String()); err != nil {
+			return db.Translate(err)
+		}
+		return runAlso(ctx, tx, opts)
 	})
 }
 
 // SetEmail replaces did's email address.
-func (s *Service) SetEmail(ctx context.Context, did syntax.DID, email string) error {
+func (s *Service) SetEmail(ctx context.Context, did syntax.DID, email string, opts ...WriteOption) error {
 	email, err := normalizeEmail(email)
 	if err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, qSetEmail, did.String(), email)
-	if err = db.Translate(err); errors.Is(err, db.ErrConflict) {
-		return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
-	}
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrAccountNotFound
-	}
-	return nil
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, qSetEmail, did.String(), email)
+		if err = db.Translate(err); errors.Is(err, db.ErrConflict) {
+			return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
+		}
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrAccountNotFound
+		}
+		return runAlso(ctx, tx, opts)
+	})
 }
 
 // SetInvitesDisabled turns did's ability to make invite codes off or on.
-func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabled bool) error {
-	tag, err := s.pool.Exec(ctx, qSetInvitesDisabled, did.String(), disabled)
-	if err != nil {
-		return db.Translate(err)
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrAccountNotFound
-	}
-	return nil
+func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabled bool, opts ...WriteOption) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, qSetInvitesDisabled, did.String(), disabled)
+		if err != nil {
+			return db.Translate(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrAccountNotFound
+		}
+		return runAlso(ctx, tx, opts)
+	})
 }
 
 // ListInviteCodes pages through every invite code, newest first. cursor is
@@ -126,15 +132,19 @@ func (s *Service) ListInviteCodes(ctx context.Context, cursor string, limit int)
 
 // DisableInviteCodes disables the given codes and every code made for the
 // given accounts.
-func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accounts []string) error {
+func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accounts []string, opts ...WriteOption) error {
 	if codes == nil {
 		codes = []string{}
 	}
 	if accounts == nil {
 		accounts = []string{}
 	}
-	_, err := s.pool.Exec(ctx, qDisableInviteCodes, codes, accounts)
-	return db.Translate(err)
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qDisableInviteCodes, codes, accounts); err != nil {
+			return db.Translate(err)
+		}
+		return runAlso(ctx, tx, opts)
+	})
 }
 
 func scanInviteCodes(rows pgx.Rows) ([]InviteCode, error) {

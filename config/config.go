@@ -33,8 +33,15 @@ const (
 	DefaultAppViewDID        = "did:web:api.bsky.app"
 	DefaultFirehoseBurst     = 5
 	DefaultFirehoseRetention = 72 * time.Hour
-	DefaultShutdownTimeout   = 30 * time.Second
-	DefaultLogFormat         = "text"
+	// DefaultFirehoseMaxSubscribers caps concurrent subscribeRepos
+	// connections per process; an idle one costs ~23 KB, a backfilling
+	// one up to a page of events.
+	DefaultFirehoseMaxSubscribers = 5000
+	// DefaultFirehoseMaxPerClient caps concurrent subscribeRepos
+	// connections from one client address.
+	DefaultFirehoseMaxPerClient = 8
+	DefaultShutdownTimeout      = 30 * time.Second
+	DefaultLogFormat            = "text"
 
 	// DefaultBlobMaxBytes is the largest blob uploadBlob accepts: 100 MiB,
 	// the reference PDS installer's PDS_BLOB_UPLOAD_LIMIT.
@@ -126,6 +133,19 @@ type Config struct {
 	// FirehoseRetention is how long events stay in the log for cursor
 	// replay; older cursors get #info OutdatedCursor and the whole window.
 	FirehoseRetention time.Duration
+	// FirehoseAllow lists networks (known relays) exempt from the
+	// subscribeRepos rate and per-client cap.
+	FirehoseAllow []netip.Prefix
+	// FirehoseMaxSubscribers caps concurrent subscribeRepos connections
+	// on this process.
+	FirehoseMaxSubscribers int
+	// FirehoseMaxPerClient caps concurrent subscribeRepos connections
+	// from one client address (an IPv6 /64 counts as one).
+	FirehoseMaxPerClient int
+	// FirehoseOversizeSync serves a stored event that breaks a protocol
+	// limit (imported, legacy, repaired) as #sync instead of as stored.
+	// Turn it off only to reproduce what a relay does with such an event.
+	FirehoseOversizeSync bool
 	// TrustedProxies are the networks whose X-Forwarded-For headers are
 	// believed when deciding a client's address. Empty: none, the TCP peer
 	// is the client.
@@ -177,23 +197,26 @@ type Config struct {
 // others (HandleDomains, BlobDir, InflightBudget) stay empty until Finalize.
 func DefaultConfig() *Config {
 	return &Config{
-		Listen:            DefaultListen,
-		Hostname:          DefaultHostname,
-		DataDir:           DefaultDataDir,
-		PLCURL:            DefaultPLCURL,
-		AppViewURL:        DefaultAppViewURL,
-		AppViewDID:        DefaultAppViewDID,
-		FirehoseRate:      DefaultFirehoseRate,
-		FirehoseBurst:     DefaultFirehoseBurst,
-		FirehoseRetention: DefaultFirehoseRetention,
-		MaxJSONBody:       DefaultMaxJSONBody,
-		InflightQueue:     DefaultInflightQueue,
-		RateLimitMaxKeys:  ratelimit.DefaultMaxKeys,
-		ShutdownTimeout:   DefaultShutdownTimeout,
-		BlobMaxBytes:      DefaultBlobMaxBytes,
-		BlobTempTTL:       DefaultBlobTempTTL,
-		LogLevel:          slog.LevelInfo,
-		LogFormat:         DefaultLogFormat,
+		Listen:                 DefaultListen,
+		Hostname:               DefaultHostname,
+		DataDir:                DefaultDataDir,
+		PLCURL:                 DefaultPLCURL,
+		AppViewURL:             DefaultAppViewURL,
+		AppViewDID:             DefaultAppViewDID,
+		FirehoseRate:           DefaultFirehoseRate,
+		FirehoseBurst:          DefaultFirehoseBurst,
+		FirehoseRetention:      DefaultFirehoseRetention,
+		FirehoseMaxSubscribers: DefaultFirehoseMaxSubscribers,
+		FirehoseMaxPerClient:   DefaultFirehoseMaxPerClient,
+		FirehoseOversizeSync:   true,
+		MaxJSONBody:            DefaultMaxJSONBody,
+		InflightQueue:          DefaultInflightQueue,
+		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
+		ShutdownTimeout:        DefaultShutdownTimeout,
+		BlobMaxBytes:           DefaultBlobMaxBytes,
+		BlobTempTTL:            DefaultBlobTempTTL,
+		LogLevel:               slog.LevelInfo,
+		LogFormat:              DefaultLogFormat,
 	}
 }
 
@@ -301,6 +324,12 @@ func (c *Config) Validate() error {
 	}
 	if c.FirehoseRetention <= 0 {
 		return settingError("firehose-retention", "must be positive")
+	}
+	if c.FirehoseMaxSubscribers < 1 {
+		return settingError("firehose-max-subscribers", "must be at least 1")
+	}
+	if c.FirehoseMaxPerClient < 1 {
+		return settingError("firehose-max-per-client", "must be at least 1")
 	}
 	if c.MetricsListen != "" {
 		if err := checkListen(c.MetricsListen); err != nil {

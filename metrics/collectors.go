@@ -18,6 +18,16 @@ func RegisterBudget(b *budget.Budget) {
 	budgetCollector.b = b
 }
 
+// RegisterExportSlots makes the scrape report b, the budget a server uses
+// as a FIFO semaphore of getRepo export slots (one unit per export), under
+// bulwark_export_slots_*: slots in use, queue length, and the admitted,
+// queued, refused (503) and canceled counts. nil stops reporting.
+func RegisterExportSlots(b *budget.Budget) {
+	exportSlotsCollector.mu.Lock()
+	defer exportSlotsCollector.mu.Unlock()
+	exportSlotsCollector.b = b
+}
+
 // RegisterLimiters makes the scrape report ls (typically
 // ratelimit.Set.All()): allowed and refused calls by limiter and rule,
 // keys tracked, and keys evicted. A later call replaces the set.
@@ -48,6 +58,17 @@ var budgetCollector = &budgetStats{
 	waited:   desc("budget", "waited_total", "Requests that queued for budget."),
 	rejected: desc("budget", "rejected_total", "Requests refused with 503 because the wait queue was full."),
 	canceled: desc("budget", "canceled_total", "Waiters whose client went away before admission."),
+}
+
+var exportSlotsCollector = &budgetStats{
+	capacity: desc("export_slots", "capacity", "getRepo exports that may run at once."),
+	inUse:    desc("export_slots", "in_use", "getRepo exports running."),
+	queue:    desc("export_slots", "queue_length", "getRepo exports waiting for a slot."),
+	maxQueue: desc("export_slots", "queue_max", "Bound of the export slot wait queue."),
+	admitted: desc("export_slots", "admitted_total", "getRepo exports started."),
+	waited:   desc("export_slots", "waited_total", "getRepo exports that queued for a slot."),
+	rejected: desc("export_slots", "rejected_total", "getRepo exports refused with 503 because the wait queue was full."),
+	canceled: desc("export_slots", "canceled_total", "Waiting exports whose client went away."),
 }
 
 type budgetStats struct {

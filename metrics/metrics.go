@@ -114,7 +114,7 @@ func init() {
 		Requests, RequestDuration,
 		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
-		budgetCollector, limiterCollector, poolCollector,
+		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,
 	)
 }
 

@@ -57,6 +57,8 @@ type envOptions struct {
 	sequence bool
 	// options adjusts the server's Options (rate limits, budget).
 	options func(*Options)
+	// cleaners are passed to account.Config.Cleaners.
+	cleaners []account.Cleaner
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -112,7 +114,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger,
+		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}

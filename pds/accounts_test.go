@@ -1,19 +1,28 @@
 package pds
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/auth"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 )
 
@@ -334,6 +343,14 @@ func TestAccountLifecycle(t *testing.T) {
 	}
 	kinds = e.eventKinds(t, u.did)
 	require.Equal(t, "account", kinds[len(kinds)-1])
+	var body []byte
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT body FROM events WHERE did = $1 ORDER BY id DESC LIMIT 1", u.did.String()).Scan(&body))
+	var acct comatproto.SyncSubscribeRepos_Account
+	require.NoError(t, acct.UnmarshalCBOR(bytes.NewReader(body)))
+	require.False(t, acct.Active)
+	require.NotNil(t, acct.Status)
+	require.Equal(t, "deleted", *acct.Status)
+	require.Equal(t, u.did.String(), acct.Did)
 	e.get(t, "com.atproto.server.getSession", u.access, nil).fails(t, 400, "InvalidToken")
 	e.get(t, "com.atproto.repo.describeRepo", "", url.Values{"repo": {u.did.String()}}).fails(t, 400, "RepoNotFound")
 	// The other account is untouched.
@@ -440,4 +457,119 @@ func TestCreateAccountConcurrentSameHandle(t *testing.T) {
 	counts := e.rowCounts(t)
 	require.Equal(t, 1, counts["accounts"])
 	require.Equal(t, 3, counts["events"])
+}
+
+// recordingCleaner is an account.Cleaner that notes the DIDs it is called
+// for, failing while fail is set.
+type recordingCleaner struct {
+	mu   sync.Mutex
+	dids []syntax.DID
+	fail bool
+}
+
+func (c *recordingCleaner) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail {
+		return errors.New("cleaner refused")
+	}
+	c.dids = append(c.dids, did)
+	return nil
+}
+
+func TestDeleteAccountCleaners(t *testing.T) {
+	t.Parallel()
+	cl := &recordingCleaner{fail: true}
+	e := newAccountEnv(t, envOptions{cleaners: []account.Cleaner{cl}})
+	u := e.createUser(t)
+	before := e.rowCounts(t)
+	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": u.pass}).
+		fails(t, http.StatusInternalServerError, "InternalServerError")
+	require.Equal(t, before, e.rowCounts(t), "a failing cleaner aborts the whole deletion")
+	cl.mu.Lock()
+	cl.fail = false
+	cl.mu.Unlock()
+	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": u.pass}).ok(t)
+	require.Equal(t, []syntax.DID{u.did}, cl.dids)
+}
+
+func TestGetServiceAuth(t *testing.T) {
+	t.Parallel()
+	e := newAccountEnv(t, envOptions{})
+	ctx := context.Background()
+	u := e.createUser(t)
+	pub, err := e.accounts.PublicKey(ctx, u.did)
+	require.NoError(t, err)
+	dir := identity.NewMockDirectory()
+	dir.Insert(identity.Identity{DID: u.did, Keys: map[string]identity.VerificationMethod{
+		"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
+	}})
+	v := auth.ServiceAuthValidator{Audience: "did:web:feeds.example.com", Dir: dir}
+
+	q := url.Values{"aud": {"did:web:feeds.example.com"}, "lxm": {"app.bsky.feed.getFeedSkeleton"}}
+	tok := e.get(t, "com.atproto.server.getServiceAuth", u.access, q).ok(t).str(t, "token")
+	lxm := syntax.NSID("app.bsky.feed.getFeedSkeleton")
+	iss, err := v.Validate(ctx, tok, &lxm)
+	require.NoError(t, err)
+	require.Equal(t, u.did, iss)
+	other := syntax.NSID("app.bsky.feed.getTimeline")
+	_, err = v.Validate(ctx, tok, &other)
+	require.Error(t, err, "a token is good for its lxm only")
+	var c jwt.MapClaims
+	_, _, err = jwt.NewParser().ParseUnverified(tok, &c)
+	require.NoError(t, err)
+	require.Equal(t, "did:web:feeds.example.com", c["aud"], "aud is a single string")
+
+	e.get(t, "com.atproto.server.getServiceAuth", u.access, url.Values{"aud": {"not a did"}}).fails(t, 400, "InvalidRequest")
+	e.get(t, "com.atproto.server.getServiceAuth", u.access, url.Values{"aud": {"did:web:x.example"}, "lxm": {"com.atproto.server.createAppPassword"}}).
+		fails(t, 400, "InvalidRequest")
+	e.get(t, "com.atproto.server.getServiceAuth", u.access, url.Values{"aud": {"did:web:x.example"}, "exp": {itoa(int(time.Now().Add(2 * time.Hour).Unix()))}}).
+		fails(t, 400, "BadExpiration")
+	e.get(t, "com.atproto.server.getServiceAuth", u.access, url.Values{"aud": {"did:web:x.example"}, "exp": {itoa(int(time.Now().Add(10 * time.Minute).Unix()))}}).
+		fails(t, 400, "BadExpiration")
+	e.get(t, "com.atproto.server.getServiceAuth", u.access, url.Values{"aud": {"did:web:x.example"}, "lxm": {"app.bsky.feed.getTimeline"},
+		"exp": {itoa(int(time.Now().Add(10 * time.Minute).Unix()))}}).ok(t)
+	e.get(t, "com.atproto.server.getServiceAuth", "", url.Values{"aud": {"did:web:x.example"}}).fails(t, 401, "AuthenticationRequired")
+}
+
+func TestConcurrentRefreshGetsOneSuccessor(t *testing.T) {
+	t.Parallel()
+	e := newAccountEnv(t, envOptions{})
+	u := e.createUser(t)
+	const n = 4
+	type result struct {
+		status int
+		body   []byte
+		err    error
+	}
+	results := make(chan result, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, e.url+"/xrpc/com.atproto.server.refreshSession", nil)
+			req.Header.Set("Authorization", "Bearer "+u.refresh)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			results <- result{status: resp.StatusCode, body: b, err: err}
+		}()
+	}
+	ids := map[string]bool{}
+	for range n {
+		r := <-results
+		require.NoError(t, r.err)
+		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+		var out struct {
+			RefreshJwt string `json:"refreshJwt"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &out))
+		ids[jti(t, out.RefreshJwt)] = true
+	}
+	require.Len(t, ids, 1, "concurrent refreshes of one token share one successor")
+	var rows int
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM refresh_tokens WHERE did = $1", u.did.String()).Scan(&rows))
+	require.Equal(t, 2, rows, "the exchanged token (in its grace period) and its successor")
 }

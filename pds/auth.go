@@ -27,7 +27,6 @@ func tokenInvalid(msg string) *XRPCError {
 // authPolicy is what requireAuth accepts beyond a valid, live session.
 type authPolicy struct {
 	allowDeactivated bool
-	allowTakendown   bool
 	fullAccess       bool // the account password, not an app password
 	privileged       bool // full access or a privileged app password
 }
@@ -97,7 +96,7 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 		return nil, err
 	}
 	switch {
-	case a.Status == account.StatusTakendown && !p.allowTakendown:
+	case a.Status == account.StatusTakendown:
 		return nil, account.ErrAccountTakendown
 	case a.Status == account.StatusDeactivated && !p.allowDeactivated:
 		return nil, account.ErrAccountDeactivated

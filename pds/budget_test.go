@@ -130,6 +130,41 @@ func TestFullBudgetQueueRefusesWithoutWork(t *testing.T) {
 	require.Eventually(t, func() bool { return b.Stats().InUse == 0 }, 10*time.Second, time.Millisecond, "every reservation released")
 }
 
+// TestClientGoneLeavesQueue: a client that gives up while its request
+// waits for the budget leaves the queue at once (the next waiter is not
+// held up behind it), and the request is recorded as 499, not as a server
+// error.
+func TestClientGoneLeavesQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := budget.New(budget.Config{Capacity: 4 << 20})
+	e := newAccountEnv(t, envOptions{options: func(o *Options) { o.Budget = b }})
+	u := e.createUser(t)
+	hold, err := b.Acquire(ctx, 4<<20)
+	require.NoError(t, err)
+	defer hold.Release()
+	series := `bulwark_http_requests_total{method="com.atproto.sync.getRepo",status="499"}`
+	before := scrape(t)[series]
+
+	reqCtx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, e.url+"/xrpc/com.atproto.sync.getRepo?"+url.Values{"did": {u.did.String()}}.Encode(), nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return b.Stats().QueueLen == 1 }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.Eventually(t, func() bool { return b.Stats().QueueLen == 0 && b.Stats().Canceled == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return scrape(t)[series] >= before+1 }, 10*time.Second, 10*time.Millisecond)
+	require.EqualValues(t, 1, b.Stats().Admitted, "only the test's own hold was admitted")
+}
+
 // TestExportSlotsBoundConcurrentGetRepo: getRepo exports hold a Postgres
 // connection each, so they take a slot first; with the slots taken and no
 // waiting allowed, the next export is refused at once instead of queueing

@@ -22,30 +22,50 @@ import (
 // here before its expensive part, so that a refusal costs no database work.
 
 // Reservations against the in-flight byte budget: the peak heap each kind
-// of response holds, measured with budget.MeasureHeap (docs/BENCHMARKS.md,
-// "Reservations measured"), rounded up.
+// of response holds, measured with budget.MeasureHeap by
+// BenchmarkReservationHeap (docs/BENCHMARKS.md, "Reservations measured"),
+// rounded up.
 const (
-	// getRepoReserve is one streamed CAR export: the 64 KiB write buffer,
-	// pgx's read buffer and one row at a time, and the garbage they make
-	// before the collector runs. It does not grow with the repository.
+	// getRepoReserve is one streamed CAR export. It does not grow with the
+	// repository: what stays live is the 64 KiB write buffer, pgx's read
+	// buffer and one row; the rest (about 1.2 bytes allocated per byte
+	// sent) is garbage the collector reclaims as the stream goes. Eight
+	// concurrent exports of a 19 MiB repository peaked at 16 MiB of heap
+	// in all (BenchmarkGetRepo), 2 MiB each.
 	getRepoReserve = 2 << 20
-	// blobReserve is one streamed blob: the copy buffer of ServeContent
-	// and the store's reader. A blob is never read into memory whole.
-	blobReserve = 256 << 10
-	// proofReserve is a sync.getRecord proof CAR, built in memory: the
-	// commit, one MST node per level and the record.
+	// blobReserve is one streamed blob: 66 KiB measured (ServeContent's
+	// copy buffer and the store's reader) whatever the blob's size. A
+	// blob is never read into memory whole.
+	blobReserve = 128 << 10
+	// proofReserve is a sync.getRecord proof CAR, built in memory: 127-130
+	// KiB measured for ordinary records (the commit, one MST node per
+	// level, the record, and the transaction's buffers).
 	proofReserve = 256 << 10
 	// blockReserve is what getBlocks reserves per CID asked for, before
 	// knowing the blocks' sizes: MST nodes and records are mostly well
-	// under this, and the reservation is trued up as the CAR grows.
+	// under a KiB. The reservation is trued up to blockFactor × the CAR as
+	// it grows.
 	blockReserve = 8 << 10
+	// blockFactor is getBlocks' heap per byte of blocks: the row pgx read,
+	// the copy scanned out of it, the growing CAR (3.2-3.4 measured).
+	blockFactor = 4
 	// recordDecodeFactor is the heap a record's JSON rendering holds per
-	// byte of its CBOR (decode to a map, then encode to JSON).
-	recordDecodeFactor = 12
+	// byte of its CBOR: read, decoded to a map, encoded as JSON (8.4-8.8
+	// measured on 100 KiB and 900 KiB records).
+	recordDecodeFactor = 10
 	// largeRecord is the size from which repo.getRecord reserves: smaller
 	// records cost less than the reservation's bookkeeping is worth.
 	largeRecord = 64 << 10
 )
+
+// statusClientClosed is the status recorded (access log, metrics) for a
+// request whose client went away before the answer, nginx's 499: counted
+// as a 500 it would look like a server fault, and under load (clients
+// giving up in a queue) there are many.
+const statusClientClosed = 499
+
+// exportQueuePerSlot is how many getRepo exports may wait per export slot.
+const exportQueuePerSlot = 8
 
 // Policy names as the handlers use them (ratelimit.Policy*), so that a
 // handler file needs no import for its one-line limit.
@@ -99,14 +119,17 @@ func newProtection(opts Options) protection {
 		slots = max(1, int(opts.DB.Config().MaxConns)/4)
 	}
 	if slots > 0 {
-		queue := budget.DefaultMaxQueue
+		// An export lasts seconds (a 100,000-record repository is ~25 MB),
+		// so a long queue would hold clients for minutes until they time
+		// out: allow a few exports' worth of waiters per slot and refuse
+		// the rest at once. --inflight-queue still caps it (0 = no waiting,
+		// which is -1 for budget.Config).
+		queue := exportQueuePerSlot * slots
 		if opts.Config != nil {
-			// The same bound as the byte budget's queue; 0 there means
-			// no waiting, which is -1 for budget.Config.
-			queue = opts.Config.InflightQueue
-			if queue == 0 {
-				queue = -1
-			}
+			queue = min(queue, opts.Config.InflightQueue)
+		}
+		if queue == 0 {
+			queue = -1
 		}
 		p.exports = budget.New(budget.Config{Capacity: int64(slots), MaxQueue: queue})
 	}
@@ -268,3 +291,7 @@ func (s *Server) observeRequest(r *http.Request, status int, hijacked bool, elap
 	}
 	metrics.ObserveRequest(nsid, status, elapsed)
 }
+
+// ExportSlots returns the budget that bounds concurrent getRepo exports
+// (one unit per export), for metrics; nil when unbounded.
+func (s *Server) ExportSlots() *budget.Budget { return s.protect.exports }

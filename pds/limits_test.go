@@ -171,33 +171,6 @@ func TestWritePointsRateLimit(t *testing.T) {
 	}).fails(t, http.StatusTooManyRequests, "RateLimitExceeded")
 }
 
-// TestRateLimitsConfig: "off" disables every limiter; config rejects unknown
-// policies and bad rules, naming the setting.
-func TestRateLimitsConfig(t *testing.T) {
-	t.Parallel()
-	c := config.DefaultConfig()
-	c.RateLimits = "off"
-	p, err := c.RateLimitPolicies()
-	require.NoError(t, err)
-	set, err := ratelimit.NewSet(p, 0)
-	require.NoError(t, err)
-	require.Empty(t, set.All())
-
-	c.RateLimits = "global=10/1m; createSession=off"
-	p, err = c.RateLimitPolicies()
-	require.NoError(t, err)
-	require.Equal(t, 10, p[ratelimit.PolicyGlobal][0].Limit)
-	require.Empty(t, p[ratelimit.PolicyCreateSession])
-	require.Equal(t, ratelimit.DefaultPolicies()[ratelimit.PolicyRepoWrite], p[ratelimit.PolicyRepoWrite])
-
-	for _, bad := range []string{"nosuch=1/1m", "global", "global=ten/1m", "global=10/never"} {
-		c.RateLimits = bad
-		c.DataDir = t.TempDir()
-		err := c.Finalize()
-		require.ErrorContains(t, err, "BULWARK_RATELIMITS", bad)
-	}
-}
-
 // jsonBody encodes v as a request body.
 func jsonBody(t *testing.T, v any) io.Reader {
 	t.Helper()

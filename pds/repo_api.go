@@ -479,6 +479,9 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.recordServable(r.Context(), a.DID, collection, rkey); err != nil {
+		return err
+	}
 	rec, err := s.repo.GetRecord(r.Context(), a.DID, collection, rkey)
 	if err != nil {
 		return err
@@ -528,6 +531,9 @@ func (s *Server) handleListRecords(w http.ResponseWriter, r *http.Request) error
 	}
 	recs, next, err := s.repo.ListRecords(r.Context(), a.DID, collection, cursor, int(limit), reverse)
 	if err != nil {
+		return err
+	}
+	if recs, err = s.withoutTakendown(r.Context(), a.DID, collection, recs); err != nil {
 		return err
 	}
 	out := listRecordsOutput{Cursor: next, Records: make([]recordOutput, 0, len(recs))}

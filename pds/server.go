@@ -182,10 +182,12 @@ func (s *Server) routes() {
 	// Operations.
 	s.query("_health", s.handleHealth)
 	s.registerAdminFirehoseRoutes()
+	s.registerAdminAccountRoutes()
 	s.registerAccountRoutes()
 	s.registerSessionRoutes()
 	s.registerIdentityRoutes()
 	s.registerRepoRoutes()
+	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
 
 	// com.atproto.server

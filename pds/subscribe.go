@@ -38,8 +38,11 @@ func (l *refusalLog) note(logger *slog.Logger, client netip.Addr, err error, now
 		return
 	}
 	l.count.Add(-n)
-	logger.Warn("refusing subscribeRepos connections", "refused", n, "since", time.Unix(0, last).UTC(),
-		"latest_client", client.String(), "latest_reason", err.Error())
+	attrs := []any{"refused", n, "latest_client", client.String(), "latest_reason", err.Error()}
+	if last != 0 {
+		attrs = append(attrs, "since", time.Unix(0, last).UTC())
+	}
+	logger.Warn("refusing subscribeRepos connections", attrs...)
 }
 
 // handleSubscribeRepos serves com.atproto.sync.subscribeRepos. Admission
@@ -51,6 +54,7 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 	ticket, retry, err := s.subscribeAdmission.Admit(client, now)
 	if err != nil {
 		s.subscribeRefusals.note(s.logger, client, err, now)
+		s.firehose.Refused(firehose.Client{IP: client.String(), UserAgent: r.UserAgent()})
 		return RateLimitExceeded(retry, "%s", err.Error())
 	}
 	defer ticket.Release()
@@ -72,7 +76,7 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 		s.logger.Debug("subscribeRepos upgrade failed", "err", err)
 		return nil
 	}
-	err = s.firehose.Serve(r.Context(), conn, cursor)
+	err = s.firehose.Serve(r.Context(), conn, cursor, firehose.Client{IP: client.String(), UserAgent: r.UserAgent()})
 	if err != nil && !firehose.IsClientGone(err) {
 		s.logger.Warn("subscribeRepos ended on an error", "request_id", RequestID(r.Context()),
 			"client", s.clientIP(r).String(), "err", err)
@@ -84,8 +88,11 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 // from the configuration.
 func newSubscribeAdmission(opts Options) *firehose.Admission {
 	cfg := firehose.AdmissionConfig{
-		Rate:  opts.Config.FirehoseRate.Limit(),
-		Burst: opts.Config.FirehoseBurst,
+		Rate:           opts.Config.FirehoseRate.Limit(),
+		Burst:          opts.Config.FirehoseBurst,
+		Allow:          opts.Config.FirehoseAllow,
+		MaxSubscribers: opts.Config.FirehoseMaxSubscribers,
+		MaxPerClient:   opts.Config.FirehoseMaxPerClient,
 	}
 	if opts.FirehoseAdmission != nil {
 		cfg = *opts.FirehoseAdmission

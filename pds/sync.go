@@ -209,6 +209,9 @@ func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) err
 	if _, err := s.availableRepo(r.Context(), did); err != nil {
 		return err
 	}
+	if err := s.recordServable(r.Context(), did, coll, rkey); err != nil {
+		return err
+	}
 	proof, err := s.repo.ProofCAR(r.Context(), did, coll, rkey)
 	if err != nil {
 		return err
@@ -275,7 +278,7 @@ func (s *Server) handleGetBlocks(w http.ResponseWriter, r *http.Request) error {
 		if err := util.LdWrite(&buf, c.Bytes(), data); err != nil {
 			return err
 		}
-		if n := int64(cap(buf)); n > res.Size() {
+		if n := int64(len(buf)) * blockFactor; n > res.Size() {
 			res.Resize(n) // larger blocks than estimated: account for them
 		}
 	}
@@ -427,6 +430,9 @@ func (s *Server) handleGetBlob(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer release()
 	if _, err := s.availableRepo(r.Context(), did); err != nil {
+		return err
+	}
+	if err := s.blobServable(r.Context(), did, c); err != nil {
 		return err
 	}
 	b, rc, err := s.blobs.Open(r.Context(), did, c)

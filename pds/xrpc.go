@@ -195,11 +195,16 @@ func xrpcErrorFor(err error) *XRPCError {
 // handler already started its response, the error can only be logged.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	xe := xrpcErrorFor(err)
+	status := xe.Status
 	logger := s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
-	if xe.Status >= 500 {
+	// A 503 is a refusal under load, like a 429: logging each at error
+	// level would add a synchronous write per refused request exactly when
+	// the server is busiest. The metrics count them.
+	if xe.Status >= 500 && xe.Status != http.StatusServiceUnavailable {
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			// The client went away; nobody is waiting for the answer.
 			logger.Debug("request canceled", "error", err)
+			status = statusClientClosed
 		} else {
 			logger.Error("request failed", "status", xe.Status, "error", err)
 		}
@@ -215,7 +220,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			w.Header().Add(k, v)
 		}
 	}
-	_ = writeJSON(w, xe.Status, xrpcErrorBody{Error: xe.Name, Message: xe.Message})
+	_ = writeJSON(w, status, xrpcErrorBody{Error: xe.Name, Message: xe.Message})
 }
 
 // writeJSON answers v as JSON with status. It marshals before writing, so a

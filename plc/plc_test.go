@@ -2,8 +2,12 @@ package plc_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -98,4 +102,60 @@ func TestDirectoryPersists(t *testing.T) {
 	defer dir.Close()
 	require.Len(t, dir.Log(did.String()), 2)
 	require.NoError(t, didplc.VerifyOpLog(dir.Log(did.String())))
+}
+
+func TestDirectoryEndpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, srv := plctest.NewServer(t)
+	c, err := plc.NewClient(srv.URL, newKey(t), nil)
+	require.NoError(t, err)
+	pub, err := newKey(t).PublicKey()
+	require.NoError(t, err)
+	did, op, err := c.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "http://x"})
+	require.NoError(t, err)
+	require.NoError(t, c.Submit(ctx, did, op))
+	require.NoError(t, c.UpdateHandle(ctx, did, "bob.test"))
+
+	get := func(path string) (int, map[string]any, []any) {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var m map[string]any
+		var a []any
+		if json.Unmarshal(b, &m) != nil {
+			require.NoError(t, json.Unmarshal(b, &a), "%s", b)
+		}
+		return resp.StatusCode, m, a
+	}
+	status, data, _ := get("/" + did.String() + "/data")
+	require.Equal(t, 200, status)
+	require.Equal(t, []any{"at://bob.test"}, data["alsoKnownAs"])
+	require.Equal(t, []any{c.RotationKey()}, data["rotationKeys"])
+	status, _, log := get("/" + did.String() + "/log")
+	require.Equal(t, 200, status)
+	require.Len(t, log, 2)
+	status, last, _ := get("/" + did.String() + "/log/last")
+	require.Equal(t, 200, status)
+	require.Equal(t, "plc_operation", last["type"])
+	require.NotNil(t, last["prev"])
+	status, _, audit := get("/" + did.String() + "/log/audit")
+	require.Equal(t, 200, status)
+	require.Len(t, audit, 2)
+	require.Equal(t, did.String(), audit[0].(map[string]any)["did"])
+	status, doc, _ := get("/" + did.String())
+	require.Equal(t, 200, status)
+	require.Contains(t, doc["@context"], "https://www.w3.org/ns/did/v1")
+	status, _, _ = get("/did:plc:aaaaaaaaaaaaaaaaaaaaaaaa")
+	require.Equal(t, 404, status)
+
+	// Malformed submissions are 400s, not crashes.
+	for _, body := range []string{`not json`, `{"type":"nope"}`, `{}`} {
+		resp, err := http.Post(srv.URL+"/"+did.String(), "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 400, resp.StatusCode, body)
+	}
 }

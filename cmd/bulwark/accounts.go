@@ -15,8 +15,9 @@ import (
 // newAccountStack builds the repository engine and the account service
 // over pool. waker (the firehose sequencer) may be nil. The signing-key
 // store is sealed with a key derived from the PLC rotation key (see
-// account.KeyStore for why that secret).
-func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, logger *slog.Logger) (*account.Service, *repo.Engine, error) {
+// account.KeyStore for why that secret). cleaners run inside every account
+// deletion (the blob service's references, ...).
+func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
 		return nil, nil, err
@@ -44,6 +45,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		PublicURL:      cfg.PublicURL(),
 		ServiceDID:     cfg.ServiceDID(),
 		JWTSecret:      []byte(cfg.JWTSecret),
+		Cleaners:       cleaners,
 		Logger:         logger,
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,7 +15,19 @@ import (
 // notification, and returns the background services that run them.
 func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*firehose.Sequencer, *firehose.Hub, []service) {
 	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: logger})
-	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Logger: logger})
+	log := firehose.NewLog(pool)
+	health := firehose.NewHealth(firehose.HealthConfig{
+		Logger: logger,
+		// The event a stuck consumer cannot get past, for the warning.
+		Inspect: func(ctx context.Context, seq int64) (*firehose.EventInfo, error) {
+			evs, err := log.Inspect(ctx, firehose.EventFilter{FromSeq: seq, Limit: 1})
+			if err != nil || len(evs) == 0 {
+				return nil, err
+			}
+			return &evs[0], nil
+		},
+	})
+	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Health: health, DisableOversizeSync: !cfg.FirehoseOversizeSync, Logger: logger})
 	seq.OnSequenced(hub.Notify)
 	pruner := firehose.NewPruner(pool, firehose.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
 	services := []service{

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -117,6 +118,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	metrics.RegisterExportSlots(srv.ExportSlots())
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
 	svcErr := make(chan error, len(services))

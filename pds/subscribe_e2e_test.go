@@ -1,0 +1,148 @@
+package pds
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/bluesky-social/indigo/events"
+	"github.com/bluesky-social/indigo/events/schedulers/sequential"
+	"github.com/gorilla/websocket"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/firehose"
+)
+
+// TestSubscribeEndToEnd runs indigo's consumer against the whole server:
+// accounts created, written to concurrently over XRPC, renamed,
+// deactivated and reactivated, deleted. Every event arrives once and in
+// order, every #commit inverts against prevData and carries a signature
+// that verifies against the key in the account's PLC document.
+func TestSubscribeEndToEnd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := dbtest.New(t)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The sequencer runs inside newAccountEnv; the hub hears it over
+	// NOTIFY, as a second process would.
+	hub := firehose.NewHub(pool, firehose.Config{Logger: logger})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = hub.Run(ctx) })
+	e := newAccountEnv(t, envOptions{pool: pool, sequence: true, options: func(o *Options) {
+		o.Firehose = hub
+	}})
+	wsURL := "ws" + strings.TrimPrefix(e.url, "http") + "/xrpc/com.atproto.sync.subscribeRepos"
+
+	dir := &identity.BaseDirectory{PLCURL: e.plcURL, HTTPClient: *http.DefaultClient, SkipHandleVerification: true}
+	var mu sync.Mutex
+	var seqs []int64
+	var problems []string
+	kinds := map[string]int{}
+	note := func(seq int64, kind string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		seqs = append(seqs, seq)
+		kinds[kind]++
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("seq %d: %v", seq, err))
+		}
+	}
+	cb := &events.RepoStreamCallbacks{
+		RepoCommit: func(c *comatproto.SyncSubscribeRepos_Commit) error {
+			note(c.Seq, "commit", verifyCommitWithPLC(ctx, dir, c))
+			return nil
+		},
+		RepoSync:     func(s *comatproto.SyncSubscribeRepos_Sync) error { note(s.Seq, "sync", nil); return nil },
+		RepoIdentity: func(s *comatproto.SyncSubscribeRepos_Identity) error { note(s.Seq, "identity", nil); return nil },
+		RepoAccount:  func(s *comatproto.SyncSubscribeRepos_Account) error { note(s.Seq, "account", nil); return nil },
+		Error: func(f *events.ErrorFrame) error {
+			note(0, "error", fmt.Errorf("%s: %s", f.Error, f.Message))
+			return nil
+		},
+	}
+	conn, _, err := websocket.DefaultDialer.Dial(wsURL, nil)
+	require.NoError(t, err)
+	wg.Go(func() {
+		_ = events.HandleRepoStream(ctx, conn, sequential.NewScheduler("e2e", cb.EventHandler), logger)
+	})
+	require.Eventually(t, func() bool { return hub.Live() == 1 }, 10*time.Second, time.Millisecond)
+
+	users := []*user{e.createUser(t), e.createUser(t), e.createUser(t)}
+	var writers sync.WaitGroup
+	for _, u := range users {
+		writers.Go(func() {
+			for i := range 8 {
+				e.post(t, "com.atproto.repo.createRecord", u.access, map[string]any{
+					"repo": u.did, "collection": "app.bsky.feed.post", "record": post(fmt.Sprint("post ", i))}).ok(t)
+			}
+		})
+	}
+	writers.Wait()
+	e.post(t, "com.atproto.identity.updateHandle", users[0].access, map[string]any{"handle": "renamed" + itoa(int(userSeq.Add(1))) + ".test"}).ok(t)
+	e.post(t, "com.atproto.server.deactivateAccount", users[1].access, map[string]any{}).ok(t)
+	e.post(t, "com.atproto.server.activateAccount", users[1].access, nil).ok(t)
+	e.post(t, "com.atproto.repo.createRecord", users[1].access, map[string]any{
+		"repo": users[1].did, "collection": "app.bsky.feed.post", "record": post("back")}).ok(t)
+	e.post(t, "com.atproto.server.deleteAccount", users[2].access, map[string]any{"did": users[2].did, "password": users[2].pass}).ok(t)
+
+	var want []int64
+	require.Eventually(t, func() bool {
+		rows, err := pool.Query(ctx, "SELECT seq FROM events WHERE seq IS NOT NULL AND NOT invalidated ORDER BY seq")
+		require.NoError(t, err)
+		want = want[:0]
+		for rows.Next() {
+			var s int64
+			require.NoError(t, rows.Scan(&s))
+			want = append(want, s)
+		}
+		var pending int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE seq IS NULL").Scan(&pending))
+		mu.Lock()
+		defer mu.Unlock()
+		return pending == 0 && len(seqs) == len(want)
+	}, 30*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, problems)
+	require.Equal(t, want, seqs, "every event once, in order")
+	require.Equal(t, 3*8+1, kinds["commit"])
+	require.GreaterOrEqual(t, kinds["identity"], 3+1)
+	require.GreaterOrEqual(t, kinds["account"], 3+2+1)
+	require.GreaterOrEqual(t, kinds["sync"], 3)
+}
+
+// verifyCommitWithPLC checks a #commit's diff against prevData and its
+// signature against the key the account's DID document publishes.
+func verifyCommitWithPLC(ctx context.Context, dir identity.Directory, c *comatproto.SyncSubscribeRepos_Commit) error {
+	if _, err := atrepo.VerifyCommitMessage(ctx, c); err != nil {
+		return err
+	}
+	commit, _, err := atrepo.LoadCommitFromCAR(ctx, bytes.NewReader(c.Blocks))
+	if err != nil {
+		return err
+	}
+	ident, err := dir.LookupDID(ctx, syntax.DID(c.Repo))
+	if err != nil {
+		return err
+	}
+	pub, err := ident.PublicKey()
+	if err != nil {
+		return err
+	}
+	return commit.VerifySignature(pub)
+}
