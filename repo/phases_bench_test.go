@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func BenchmarkZRoundTrip(b *testing.B) {
+// BenchmarkPostgresRoundTrip measures the floor under every commit on this
+// machine: one round trip, and one small transaction with its WAL flush.
+func BenchmarkPostgresRoundTrip(b *testing.B) {
 	bb := benchSetup(b, Config{})
 	ctx := context.Background()
 	b.Run("select1", func(b *testing.B) {
@@ -37,6 +39,7 @@ func BenchmarkZRoundTrip(b *testing.B) {
 	})
 }
 
+// phaseTracer times each statement and batch a commit sends.
 type phaseTracer struct {
 	mu  sync.Mutex
 	sum map[string]time.Duration
@@ -69,7 +72,9 @@ func (p *phaseTracer) TraceBatchEnd(ctx context.Context, c *pgx.Conn, d pgx.Trac
 	p.TraceQueryEnd(ctx, c, pgx.TraceQueryEndData{})
 }
 
-func BenchmarkZPhases(b *testing.B) {
+// BenchmarkPhasesOfCommit prints where one commit's time goes, per round
+// trip (stderr): the profile behind the commit figures in BENCHMARKS.md.
+func BenchmarkPhasesOfCommit(b *testing.B) {
 	bb := benchSetup(b, Config{})
 	ctx := context.Background()
 	cfg := bb.pool.Config()
