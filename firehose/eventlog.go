@@ -184,7 +184,13 @@ func NewLog(pool *pgxpool.Pool) *Log {
 // After returns up to limit sequenced, valid events with seq > after, in seq
 // order.
 func (l *Log) After(ctx context.Context, after int64, limit int) ([]Event, error) {
-	rows, err := l.pool.Query(ctx, qEventsAfter, after, limit)
+	return readEvents(ctx, l.pool, after, qEventsAfter, after, limit)
+}
+
+// readEvents runs a query whose rows are whole events (seq, did, kind, rev,
+// created_at, body, seq_offset, blocks_len, ops_count).
+func readEvents(ctx context.Context, pool *pgxpool.Pool, after int64, query string, args ...any) ([]Event, error) {
+	rows, err := pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reading events after %d: %w", after, db.Translate(err))
 	}

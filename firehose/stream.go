@@ -16,7 +16,6 @@ import (
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/gorilla/websocket"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	cbg "github.com/whyrusleeping/cbor-gen"
 
@@ -310,21 +309,7 @@ func (h *Hub) deliver(ctx context.Context) error {
 
 // after reads a bounded page of events with seq > after.
 func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]Event, error) {
-	rows, err := h.pool.Query(ctx, qEventsAfterBounded, after, limit, maxBytes)
-	if err != nil {
-		return nil, fmt.Errorf("reading events after %d: %w", after, db.Translate(err))
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
-		var ev Event
-		var kind string
-		err := row.Scan(&ev.Seq, &ev.DID, &kind, &ev.Rev, &ev.CreatedAt, &ev.Body, &ev.SeqOffset, &ev.BlocksLen, &ev.OpsCount)
-		ev.Kind = Kind(kind)
-		return ev, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading events after %d: %w", after, db.Translate(err))
-	}
-	return out, nil
+	return readEvents(ctx, h.pool, after, qEventsAfterBounded, after, limit, maxBytes)
 }
 
 // frame encodes ev's wire frame, appending to dst; an oversized event

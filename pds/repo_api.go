@@ -165,42 +165,63 @@ type writeOutput struct {
 	ValidationStatus string      `json:"validationStatus,omitempty"`
 }
 
+// recordWrite is the parsed, authorised target of a one-record write
+// (createRecord, putRecord, deleteRecord).
+type recordWrite struct {
+	auth       *account.Auth
+	collection syntax.NSID
+	rkey       syntax.RecordKey // empty: createRecord without rkey
+	swapCommit *cid.Cid
+	swapRecord *repo.Swap
+}
+
+// parseRecordWrite authorises the caller on repoID and parses the fields the
+// one-record writes share. rkey may be empty only when optional.
+func (s *Server) parseRecordWrite(r *http.Request, repoID, collection, rkey string, rkeyOptional bool, swapCommit string, swapRecord json.RawMessage) (*recordWrite, error) {
+	auth, err := s.requireRepoAuth(r, repoID)
+	if err != nil {
+		return nil, err
+	}
+	out := &recordWrite{auth: auth}
+	if out.collection, err = parseCollection(collection); err != nil {
+		return nil, err
+	}
+	if rkey != "" || !rkeyOptional {
+		if out.rkey, err = parseRKey(rkey); err != nil {
+			return nil, err
+		}
+	}
+	if out.swapCommit, err = optionalCID("swapCommit", swapCommit); err != nil {
+		return nil, err
+	}
+	if out.swapRecord, err = swapRecordField(swapRecord); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (s *Server) handleCreateRecord(w http.ResponseWriter, r *http.Request) error {
 	var in createRecordInput
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	auth, err := s.requireRepoAuth(r, in.Repo)
+	t, err := s.parseRecordWrite(r, in.Repo, in.Collection, in.RKey, true, in.SwapCommit, nil)
 	if err != nil {
 		return err
 	}
-	collection, err := parseCollection(in.Collection)
+	rec, status, err := parseRecord(t.collection, in.Record, in.Validate)
 	if err != nil {
 		return err
 	}
-	var rkey syntax.RecordKey
-	if in.RKey != "" {
-		if rkey, err = parseRKey(in.RKey); err != nil {
-			return err
-		}
-	}
-	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
-	if err != nil {
-		return err
-	}
-	rec, status, err := parseRecord(collection, in.Record, in.Validate)
-	if err != nil {
-		return err
-	}
-	res, err := s.apply(w, r, auth.DID, []repo.Write{{
-		Action: repo.ActionCreate, Collection: collection, RKey: rkey, Record: rec,
-	}}, swapCommit)
+	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+		Action: repo.ActionCreate, Collection: t.collection, RKey: t.rkey, Record: rec,
+	}}, t.swapCommit)
 	if err != nil {
 		return err
 	}
 	wr := res.Results[0]
 	return writeJSON(w, http.StatusOK, writeOutput{
-		URI: atURI(auth.DID, collection, wr.RKey), CID: wr.CID.String(),
+		URI: atURI(t.auth.DID, t.collection, wr.RKey), CID: wr.CID.String(),
 		Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}, ValidationStatus: status,
 	})
 }
@@ -220,38 +241,22 @@ func (s *Server) handlePutRecord(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	auth, err := s.requireRepoAuth(r, in.Repo)
+	t, err := s.parseRecordWrite(r, in.Repo, in.Collection, in.RKey, false, in.SwapCommit, in.SwapRecord)
 	if err != nil {
 		return err
 	}
-	collection, err := parseCollection(in.Collection)
+	rec, status, err := parseRecord(t.collection, in.Record, in.Validate)
 	if err != nil {
 		return err
 	}
-	rkey, err := parseRKey(in.RKey)
-	if err != nil {
-		return err
-	}
-	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
-	if err != nil {
-		return err
-	}
-	swapRecord, err := swapRecordField(in.SwapRecord)
-	if err != nil {
-		return err
-	}
-	rec, status, err := parseRecord(collection, in.Record, in.Validate)
-	if err != nil {
-		return err
-	}
-	res, err := s.apply(w, r, auth.DID, []repo.Write{{
-		Action: repo.ActionUpdate, Collection: collection, RKey: rkey, Record: rec, SwapRecord: swapRecord,
-	}}, swapCommit)
+	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+		Action: repo.ActionUpdate, Collection: t.collection, RKey: t.rkey, Record: rec, SwapRecord: t.swapRecord,
+	}}, t.swapCommit)
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, writeOutput{
-		URI: atURI(auth.DID, collection, rkey), CID: res.Results[0].CID.String(),
+		URI: atURI(t.auth.DID, t.collection, t.rkey), CID: res.Results[0].CID.String(),
 		Commit: &commitMeta{CID: res.Commit.String(), Rev: res.Rev}, ValidationStatus: status,
 	})
 }
@@ -273,30 +278,14 @@ func (s *Server) handleDeleteRecord(w http.ResponseWriter, r *http.Request) erro
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	auth, err := s.requireRepoAuth(r, in.Repo)
+	t, err := s.parseRecordWrite(r, in.Repo, in.Collection, in.RKey, false, in.SwapCommit, in.SwapRecord)
 	if err != nil {
 		return err
 	}
-	collection, err := parseCollection(in.Collection)
-	if err != nil {
-		return err
-	}
-	rkey, err := parseRKey(in.RKey)
-	if err != nil {
-		return err
-	}
-	swapCommit, err := optionalCID("swapCommit", in.SwapCommit)
-	if err != nil {
-		return err
-	}
-	swapRecord, err := swapRecordField(in.SwapRecord)
-	if err != nil {
-		return err
-	}
-	res, err := s.apply(w, r, auth.DID, []repo.Write{{
-		Action: repo.ActionDelete, Collection: collection, RKey: rkey, SwapRecord: swapRecord,
-	}}, swapCommit)
-	if errors.Is(err, repo.ErrRecordNotFound) && swapRecord == nil {
+	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+		Action: repo.ActionDelete, Collection: t.collection, RKey: t.rkey, SwapRecord: t.swapRecord,
+	}}, t.swapCommit)
+	if errors.Is(err, repo.ErrRecordNotFound) && t.swapRecord == nil {
 		// Deleting what is not there is a no-op, as in the reference PDS.
 		return writeJSON(w, http.StatusOK, deleteRecordOutput{})
 	}
