@@ -17,6 +17,7 @@ import (
 	lexutil "github.com/bluesky-social/indigo/lex/util"
 	"github.com/ipfs/go-cid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/multiformats/go-multihash"
 
@@ -78,7 +79,15 @@ type RecordBlobs struct {
 // record the commit touched; an error (for example a reference to a blob the
 // account never uploaded) aborts the whole commit.
 type BlobTracker interface {
-	TrackTx(ctx context.Context, tx pgx.Tx, did syntax.DID, rev string, changes []RecordBlobs) error
+	TrackTx(ctx context.Context, tx DBTX, did syntax.DID, rev string, changes []RecordBlobs) error
+}
+
+// DBTX is what code running inside a commit's transaction may use: a
+// pgx.Tx, or the connection the engine drives its transaction on.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Config tunes the engine. The zero value works.
@@ -289,13 +298,14 @@ func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swap
 	if err != nil {
 		return nil, err
 	}
-	var res *CommitResult
-	var newState *repoState
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		res, newState, err = e.applyTx(ctx, tx, did, key, prepared, swapCommit)
-		return err
-	})
+	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
+		return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
+	}
+	defer conn.Release()
+	res, newState, err := e.applyTx(ctx, conn, did, key, prepared, swapCommit)
+	if err != nil {
+		rollback(ctx, conn)
 		return nil, err
 	}
 	if newState != nil {
@@ -307,10 +317,29 @@ func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swap
 	return res, nil
 }
 
-func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, error) {
+// rollback ends a commit transaction that failed part-way. A connection
+// that cannot even roll back is closed, so the pool never hands out one in
+// the middle of a transaction.
+func rollback(ctx context.Context, conn *pgxpool.Conn) {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
+}
+
+// applyTx runs one commit on conn in two round trips: BEGIN with the row
+// lock and the root read, then every write with COMMIT at the end (plus the
+// blob tracker's statements, when a record references blobs). On an error
+// the caller rolls back.
+func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, error) {
 	var commitRaw, dataRaw []byte
 	var oldRev string
-	err := tx.QueryRow(ctx, qLockRoot, did.String()).Scan(&commitRaw, &dataRaw, &oldRev)
+	begin := &pgx.Batch{}
+	begin.Queue("BEGIN")
+	begin.Queue(qLockRoot, did.String()).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&commitRaw, &dataRaw, &oldRev)
+	})
+	err := conn.SendBatch(ctx, begin).Close()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
 	}
@@ -329,7 +358,7 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 		return nil, nil, fmt.Errorf("%w: the repo's commit is %s, not %s", ErrInvalidSwap, oldCommit, swapCommit)
 	}
 
-	st, err := e.loadState(ctx, tx, did.String(), oldData)
+	st, err := e.loadState(ctx, conn, did.String(), oldData)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -388,6 +417,9 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 		}
 	}
 	if len(ops) == 0 {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return nil, nil, fmt.Errorf("ending an empty commit: %w", db.Translate(err))
+		}
 		return &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}, nil, nil
 	}
 
@@ -492,9 +524,8 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 	}
 	batch.Queue(qUpdateRoot, did.String(), commitCID.Bytes(), commitBytes, root.Bytes(), rev)
 	firehose.QueueAppend(batch, ev)
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
-	}
+	// The blob tracker may refuse the commit (a reference to a blob never
+	// uploaded), so it runs before the batch that ends in COMMIT.
 	if e.blobs != nil {
 		changes := make([]RecordBlobs, 0, len(upserts)+len(deletes))
 		for _, w := range upserts {
@@ -503,9 +534,13 @@ func (e *Engine) applyTx(ctx context.Context, tx pgx.Tx, did syntax.DID, key atc
 		for _, w := range deletes {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
 		}
-		if err := e.blobs.TrackTx(ctx, tx, did, rev, changes); err != nil {
+		if err := e.blobs.TrackTx(ctx, conn, did, rev, changes); err != nil {
 			return nil, nil, err
 		}
+	}
+	batch.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
 	}
 
 	for _, c := range removed {
@@ -538,7 +573,7 @@ func (e *Engine) nextRev(prev string) string {
 
 // loadState returns did's tree at data: from the cache when it holds that
 // exact root, otherwise from Postgres in one query.
-func (e *Engine) loadState(ctx context.Context, q pgx.Tx, did string, data cid.Cid) (*repoState, error) {
+func (e *Engine) loadState(ctx context.Context, q DBTX, did string, data cid.Cid) (*repoState, error) {
 	if st := e.cache.take(did, data); st != nil {
 		return st, nil
 	}

@@ -167,6 +167,14 @@ func TestLimits(t *testing.T) {
 	_, err = b.engine.Apply(ctx, did, commitOfSizeWrites(t, coll, atTotal, 0), nil)
 	require.NoError(t, err, "a commit of exactly %d bytes of blocks is accepted", MaxCommitBlocksBytes)
 
+	// Refused commits were rolled back on their connection (the engine
+	// drives BEGIN/COMMIT itself), so the pool kept reusing one connection
+	// instead of discarding one per refusal.
+	var open int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'").Scan(&open))
+	require.Zero(t, open)
+	require.LessOrEqual(t, b.pool.Stat().NewConnsCount(), int64(2), "a connection was dropped after a refused commit")
+
 	evs := b.sequencedEvents(t)
 	b.verifyChain(t, evs)
 	for _, ev := range evs {
