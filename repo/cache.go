@@ -12,11 +12,14 @@ import (
 // that the nodes a commit drops can be found without the old tree, which
 // the MST mutates in place).
 type repoState struct {
-	did   string
-	data  cid.Cid
-	tree  *mst.Tree
-	nodes nodeSource
-	size  int64
+	did string
+	// commit and rev are the commit the tree belongs to.
+	commit cid.Cid
+	rev    string
+	data   cid.Cid
+	tree   *mst.Tree
+	nodes  nodeSource
+	size   int64
 }
 
 // treeCache keeps recently written repositories' trees, bounded by node
@@ -82,4 +85,17 @@ func (c *treeCache) drop(did string) {
 	if el, ok := c.byDID[did]; ok {
 		c.remove(el)
 	}
+}
+
+// takeAny removes and returns did's cached state whatever its root; the
+// caller checks the root against the database before trusting it.
+func (c *treeCache) takeAny(did string) *repoState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byDID[did]
+	if !ok {
+		return nil
+	}
+	c.remove(el)
+	return el.Value.(*repoState)
 }

@@ -8,6 +8,13 @@
 // the new MST nodes, records, root and #commit event together. Nothing is
 // written when any check fails.
 //
+// A commit costs two round trips (BEGIN with the row lock and root read;
+// then every write and COMMIT in one pipelined batch), or one when this
+// process is the repo's only writer and holds its tree in cache: the commit
+// is then built from the cached state and the single batch checks, under
+// the row lock, that the stored commit is still the cached one
+// (bulwark_guard_root), falling back to the two-round-trip path if not.
+//
 // The package knows nothing about HTTP; handlers map its sentinel errors to
 // XRPC errors.
 package repo

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -50,6 +52,7 @@ var (
 	qGetBlockByCID    = queries.MustGet("GetBlockByCID")
 	qCountRecords     = queries.MustGet("CountRecords")
 	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
+	qGuardRoot        = queries.MustGet("GuardRoot")
 	qDeleteRepo       = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -107,6 +110,16 @@ type Config struct {
 
 // Engine reads and writes repositories.
 type Engine struct {
+	// Counters of the one-round-trip path: commits it stored, and attempts
+	// the database refused because another writer had moved the root.
+	fastCommits, staleRoots atomic.Int64
+
+	// writers counts this process's Apply calls in flight per repo: the
+	// one-round-trip path is only tried by a lone writer, since a writer
+	// queued behind another would find its cached root moved.
+	writersMu sync.Mutex
+	writers   map[string]int
+
 	globalLock bool
 	blobs      BlobTracker
 	pool       *pgxpool.Pool
@@ -126,6 +139,7 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		cfg.Logger = slog.Default()
 	}
 	return &Engine{
+		writers:    map[string]int{},
 		globalLock: cfg.globalLock,
 		blobs:      cfg.Blobs,
 		pool:       pool,
@@ -303,10 +317,23 @@ func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swap
 		return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
 	}
 	defer conn.Release()
-	res, newState, err := e.applyTx(ctx, conn, did, key, prepared, swapCommit)
-	if err != nil {
-		rollback(ctx, conn)
-		return nil, err
+	alone := e.enter(did.String())
+	defer e.leave(did.String())
+	var res *CommitResult
+	var newState *repoState
+	done := false
+	if alone {
+		res, newState, done, err = e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if !done {
+		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit)
+		if err != nil {
+			rollback(ctx, conn)
+			return nil, err
+		}
 	}
 	if newState != nil {
 		e.cache.put(newState)
@@ -315,6 +342,76 @@ func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swap
 		}
 	}
 	return res, nil
+}
+
+// enter counts a writer in for did and reports whether it is the only one.
+func (e *Engine) enter(did string) bool {
+	e.writersMu.Lock()
+	defer e.writersMu.Unlock()
+	e.writers[did]++
+	return e.writers[did] == 1
+}
+
+func (e *Engine) leave(did string) {
+	e.writersMu.Lock()
+	defer e.writersMu.Unlock()
+	if e.writers[did]--; e.writers[did] <= 0 {
+		delete(e.writers, did)
+	}
+}
+
+// errRootMoved is the SQLSTATE bulwark_guard_root raises when a repo's
+// commit is not the one a writer built on (migrations/00006).
+const errRootMoved = "BW001"
+
+// applyOptimistic commits in one round trip when this process holds the
+// repo's tree in its cache: the commit is built from the cached state, and
+// one batch locks the repo row, checks the stored commit is still the
+// cached one (bulwark_guard_root raises otherwise, which aborts the batch
+// before any write), stores everything and commits. done is false when the
+// fast path does not apply or the root moved (another process wrote); the
+// caller then takes the two-round-trip path, which reads the root inside
+// the lock. Commits whose records touch blob references take that path too,
+// since the blob tracker needs the transaction open.
+func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, bool, error) {
+	if e.blobs != nil {
+		for _, w := range writes {
+			if w.Action != ActionCreate || len(atdata.ExtractBlobs(w.Record)) > 0 {
+				return nil, nil, false, nil
+			}
+		}
+	}
+	st := e.cache.takeAny(did.String())
+	if st == nil || !st.commit.Defined() {
+		return nil, nil, false, nil
+	}
+	if swapCommit != nil && !swapCommit.Equals(st.commit) {
+		// The two-round-trip path reports the swap against the database.
+		return nil, nil, false, nil
+	}
+	built := st.commit
+	p, err := e.plan(ctx, st, did, key, writes)
+	if err != nil || p.batch == nil {
+		// The cached state may be stale: let the locked path decide.
+		return nil, nil, false, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(qGuardRoot, did.String(), built.Bytes())
+	b.QueuedQueries = append(b.QueuedQueries, p.batch.QueuedQueries...)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		rollback(ctx, conn)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == errRootMoved {
+			e.staleRoots.Add(1)
+			return nil, nil, false, nil
+		}
+		return nil, nil, true, fmt.Errorf("storing commit: %w", db.Translate(err))
+	}
+	p.finish()
+	e.fastCommits.Add(1)
+	return p.res, st, true, nil
 }
 
 // rollback ends a commit transaction that failed part-way. A connection
@@ -362,8 +459,48 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	if err != nil {
 		return nil, nil, err
 	}
-	// From here on st.tree is mutated: it goes back into the cache only if
-	// the commit is stored.
+	st.commit, st.rev = oldCommit, oldRev
+	p, err := e.plan(ctx, st, did, key, writes)
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.batch == nil {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return nil, nil, fmt.Errorf("ending an empty commit: %w", db.Translate(err))
+		}
+		return p.res, nil, nil
+	}
+	// The blob tracker may refuse the commit (a reference to a blob never
+	// uploaded), so it runs before the batch that ends in COMMIT.
+	if e.blobs != nil {
+		if err := e.blobs.TrackTx(ctx, conn, did, p.res.Rev, p.blobChanges); err != nil {
+			return nil, nil, err
+		}
+	}
+	p.batch.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, p.batch).Close(); err != nil {
+		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
+	}
+	p.finish()
+	return p.res, st, nil
+}
+
+// commitPlan is a commit worked out from a repo state: its result, the
+// batch that stores it (nil when nothing changes), the records' blob
+// references, and finish, which brings the state up to the new commit once
+// it is stored.
+type commitPlan struct {
+	res         *CommitResult
+	batch       *pgx.Batch
+	blobChanges []RecordBlobs
+	finish      func()
+}
+
+// plan applies writes to st's tree and builds everything the commit stores,
+// checking every limit. It does no I/O; st.tree is mutated, so st may go
+// back into the cache only once the commit is stored.
+func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite) (*commitPlan, error) {
+	oldCommit, oldData, oldRev := st.commit, st.data, st.rev
 
 	var ops []*comatproto.SyncSubscribeRepos_RepoOp
 	results := make([]WriteResult, 0, len(writes))
@@ -377,17 +514,17 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 		}
 		op, err := atrepo.ApplyOp(st.tree, w.path, val)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, w.path, err)
+			return nil, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, w.path, err)
 		}
 		if w.SwapRecord != nil && !sameCID(w.SwapRecord.CID, op.Prev) {
-			return nil, nil, fmt.Errorf("%w: record %s is %s, not %s", ErrInvalidSwap, w.path, cidString(op.Prev), cidString(w.SwapRecord.CID))
+			return nil, fmt.Errorf("%w: record %s is %s, not %s", ErrInvalidSwap, w.path, cidString(op.Prev), cidString(w.SwapRecord.CID))
 		}
 		res := WriteResult{Action: w.Action, Collection: w.Collection, RKey: w.RKey, CID: w.cid}
 		switch {
 		case w.Action == ActionCreate && op.Prev != nil:
-			return nil, nil, fmt.Errorf("%w: %s", ErrRecordExists, w.path)
+			return nil, fmt.Errorf("%w: %s", ErrRecordExists, w.path)
 		case w.Action == ActionDelete && op.Prev == nil:
-			return nil, nil, fmt.Errorf("%w: %s", ErrRecordNotFound, w.path)
+			return nil, fmt.Errorf("%w: %s", ErrRecordNotFound, w.path)
 		case w.Action == ActionUpdate && op.Prev == nil:
 			// putRecord on a missing record creates it.
 			res.Action = ActionCreate
@@ -417,32 +554,29 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 		}
 	}
 	if len(ops) == 0 {
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return nil, nil, fmt.Errorf("ending an empty commit: %w", db.Translate(err))
-		}
-		return &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}, nil, nil
+		return &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}}, nil
 	}
 
 	// INDIGO.md trap 1: write the diff before asking for the root.
 	diff := newDiffCollector()
 	root, err := st.tree.WriteDiffBlocks(ctx, diff)
 	if err != nil {
-		return nil, nil, fmt.Errorf("writing MST diff: %w", err)
+		return nil, fmt.Errorf("writing MST diff: %w", err)
 	}
 
 	rev := e.nextRev(oldRev)
 	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: *root, Rev: rev}
 	if err := commit.Sign(key); err != nil {
-		return nil, nil, fmt.Errorf("signing commit: %w", err)
+		return nil, fmt.Errorf("signing commit: %w", err)
 	}
 	var cbuf bytes.Buffer
 	if err := commit.MarshalCBOR(&cbuf); err != nil {
-		return nil, nil, fmt.Errorf("encoding commit: %w", err)
+		return nil, fmt.Errorf("encoding commit: %w", err)
 	}
 	commitBytes := cbuf.Bytes()
 	commitCID, err := cidBuilder.Sum(commitBytes)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 
 	// The CAR relays receive: commit, new records, then MST nodes (new ones
@@ -464,7 +598,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	}
 	carBytes := car.bytes()
 	if len(carBytes) > MaxCommitBlocksBytes {
-		return nil, nil, &LimitError{
+		return nil, &LimitError{
 			Limit: LimitCommitBlocks, Size: len(carBytes), Max: MaxCommitBlocksBytes,
 			Detail: fmt.Sprintf("%d records totalling %s bytes", len(upserts), commas(recordBytes)),
 		}
@@ -484,15 +618,15 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 		PrevData: &prevData,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if ev.FrameSize() > MaxFrameBytes {
-		return nil, nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
+		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
 	}
 
 	removed, err := removedNodes(st.nodes, oldData, diff)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 
 	batch := &pgx.Batch{}
@@ -524,37 +658,35 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	}
 	batch.Queue(qUpdateRoot, did.String(), commitCID.Bytes(), commitBytes, root.Bytes(), rev)
 	firehose.QueueAppend(batch, ev)
-	// The blob tracker may refuse the commit (a reference to a blob never
-	// uploaded), so it runs before the batch that ends in COMMIT.
+	var changes []RecordBlobs
 	if e.blobs != nil {
-		changes := make([]RecordBlobs, 0, len(upserts)+len(deletes))
+		changes = make([]RecordBlobs, 0, len(upserts)+len(deletes))
 		for _, w := range upserts {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: created[w.path]})
 		}
 		for _, w := range deletes {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
 		}
-		if err := e.blobs.TrackTx(ctx, conn, did, rev, changes); err != nil {
-			return nil, nil, err
+	}
+	finish := func() {
+		for _, c := range removed {
+			st.size -= int64(len(st.nodes[c]))
+			delete(st.nodes, c)
 		}
-	}
-	batch.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
-		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
-	}
-
-	for _, c := range removed {
-		st.size -= int64(len(st.nodes[c]))
-		delete(st.nodes, c)
-	}
-	for _, b := range diff.blocks {
-		if _, ok := st.nodes[b.Cid()]; !ok {
-			st.nodes[b.Cid()] = b.RawData()
-			st.size += int64(len(b.RawData()))
+		for _, b := range diff.blocks {
+			if _, ok := st.nodes[b.Cid()]; !ok {
+				st.nodes[b.Cid()] = b.RawData()
+				st.size += int64(len(b.RawData()))
+			}
 		}
+		st.data, st.commit, st.rev = *root, commitCID, rev
 	}
-	st.data = *root
-	return &CommitResult{Commit: commitCID, Rev: rev, Results: results}, st, nil
+	return &commitPlan{
+		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: results},
+		batch:       batch,
+		blobChanges: changes,
+		finish:      finish,
+	}, nil
 }
 
 // nextRev returns a TID above both the clock and the previous rev, so revs

@@ -464,3 +464,29 @@ func TestRecordDataModel(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidWrite)
 	require.Equal(t, before, b.counts(t))
 }
+
+// TestTwoEnginesOneRepo alternates writes to one repo between two engines
+// (two processes, each with its own tree cache): each engine's cached tree
+// is stale after the other wrote, so its one-round-trip commit must be
+// refused by the database and redone from the stored root.
+func TestTwoEnginesOneRepo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	did := b.newRepo(t, 1)
+	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{})}
+	want := map[string]bool{}
+	for i := range 20 {
+		// Two writes in a row per engine: the second takes the fast path.
+		e := engines[(i/2)%2]
+		res, err := e.Apply(ctx, did, []Write{create("app.bsky.feed.post", "", post(fmt.Sprint(i)))}, nil)
+		require.NoError(t, err)
+		want["app.bsky.feed.post/"+res.Results[0].RKey.String()] = true
+	}
+	checkFinalState(t, b, map[syntax.DID]map[string]bool{did: want})
+	require.Equal(t, 20, b.verifyChain(t, b.sequencedEvents(t))[did])
+	for i, e := range engines {
+		require.Positive(t, e.fastCommits.Load(), "engine %d never took the one-round-trip path", i)
+		require.Positive(t, e.staleRoots.Load(), "engine %d never had a stale root refused", i)
+	}
+}

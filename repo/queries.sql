@@ -106,3 +106,7 @@ DELETE FROM repo_nodes WHERE did = $1;
 
 -- name: DeleteRepoRoot
 DELETE FROM repo_roots WHERE did = $1;
+
+-- name: GuardRoot
+-- Locks the repo row and raises SQLSTATE BW001 unless its commit is $2.
+SELECT bulwark_guard_root($1, $2);
