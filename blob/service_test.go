@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
@@ -19,31 +18,17 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
-
-type testKeys struct {
-	mu   sync.Mutex
-	keys map[syntax.DID]atcrypto.PrivateKey
-}
-
-func (k *testKeys) SigningKey(_ context.Context, did syntax.DID) (atcrypto.PrivateKey, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	key, ok := k.keys[did]
-	if !ok {
-		return nil, fmt.Errorf("%w: no key for %s", repo.ErrRepoNotFound, did)
-	}
-	return key, nil
-}
 
 type fixture struct {
 	pool    *pgxpool.Pool
 	store   Store
 	svc     *Service
 	engine  *repo.Engine
-	keys    *testKeys
+	keys    *repotest.Keys
 	scratch func() []string
 }
 
@@ -52,7 +37,7 @@ func setup(t *testing.T, b backend, cfg Config) *fixture {
 	pool := dbtest.New(t)
 	store := b.new(t)
 	svc := New(pool, store, cfg)
-	keys := &testKeys{keys: map[syntax.DID]atcrypto.PrivateKey{}}
+	keys := repotest.NewKeys()
 	return &fixture{
 		pool:    pool,
 		store:   store,
@@ -65,17 +50,8 @@ func setup(t *testing.T, b backend, cfg Config) *fixture {
 
 func (f *fixture) newRepo(t *testing.T, name string) syntax.DID {
 	t.Helper()
-	ctx := context.Background()
 	did := syntax.DID("did:plc:" + name)
-	key, err := atcrypto.GeneratePrivateKeyK256()
-	require.NoError(t, err)
-	f.keys.mu.Lock()
-	f.keys.keys[did] = key
-	f.keys.mu.Unlock()
-	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		_, err := f.engine.InitRepo(ctx, tx, did, key)
-		return err
-	}))
+	repotest.CreateRepo(t, f.pool, f.engine, f.keys, did)
 	return did
 }
 

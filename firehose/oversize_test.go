@@ -76,7 +76,7 @@ func TestOversizedCommitServedAsSync(t *testing.T) {
 			commit, _, err := atrepo.LoadCommitFromCAR(context.Background(), bytes.NewReader(big.sync.Blocks))
 			require.NoError(t, err)
 			require.Equal(t, big.sync.Rev, commit.Rev)
-			require.NoError(t, commit.VerifySignature(b.keys.public(t, did.String())))
+			require.NoError(t, commit.VerifySignature(b.keys.Public(t, did)))
 			cr, err := car.NewCarReader(bytes.NewReader(big.sync.Blocks))
 			require.NoError(t, err)
 			require.Equal(t, cid.Cid(got[1].commit.Commit).String(), cr.Header.Roots[0].String())

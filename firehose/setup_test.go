@@ -17,7 +17,6 @@ import (
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	atrepo "github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/bluesky-social/indigo/events"
@@ -29,6 +28,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -66,30 +66,6 @@ func (q *queryCounter) since(m int) []string {
 	return append([]string(nil), q.sqls[m:]...)
 }
 
-// testKeys is an in-memory repo.KeySource.
-type testKeys struct {
-	mu   sync.Mutex
-	keys map[syntax.DID]*atcrypto.PrivateKeyK256
-}
-
-func (k *testKeys) SigningKey(_ context.Context, did syntax.DID) (atcrypto.PrivateKey, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	key, ok := k.keys[did]
-	if !ok {
-		return nil, fmt.Errorf("%w: no key for %s", repo.ErrRepoNotFound, did)
-	}
-	return key, nil
-}
-
-func (k *testKeys) public(t testing.TB, did string) atcrypto.PublicKey {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	pub, err := k.keys[syntax.DID(did)].PublicKey()
-	require.NoError(t, err)
-	return pub
-}
-
 // bundle is one running "process": a pool, a repo engine, a sequencer and
 // a hub behind an httptest server.
 type bundle struct {
@@ -97,7 +73,7 @@ type bundle struct {
 	pool    *pgxpool.Pool
 	queries *queryCounter
 	engine  *repo.Engine
-	keys    *testKeys
+	keys    *repotest.Keys
 	seq     *firehose.Sequencer
 	hub     *firehose.Hub
 	log     *firehose.Log
@@ -108,7 +84,7 @@ type options struct {
 	hub         firehose.Config
 	noSequencer bool // sequence by hand with SequenceBatch
 	dbURL       string
-	keys        *testKeys
+	keys        *repotest.Keys
 	// admission, when set, admits connections keyed by the X-Forwarded-For
 	// header (standing for distinct client addresses) before the upgrade.
 	admission *firehose.Admission
@@ -128,7 +104,7 @@ func setup(t testing.TB, o options) *bundle {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	if o.keys == nil {
-		o.keys = &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
+		o.keys = repotest.NewKeys()
 	}
 	if o.hub.Logger == nil {
 		o.hub.Logger = quietLogger
@@ -199,24 +175,8 @@ var didSeq atomic.Int64
 // newRepo creates an account's key and empty repository, with its #sync.
 func (b *bundle) newRepo(t testing.TB) syntax.DID {
 	t.Helper()
-	ctx := context.Background()
 	did := syntax.DID(fmt.Sprintf("did:plc:fh%022d", didSeq.Add(1)))
-	key, err := atcrypto.GeneratePrivateKeyK256()
-	require.NoError(t, err)
-	b.keys.mu.Lock()
-	b.keys.keys[did] = key
-	b.keys.mu.Unlock()
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := b.engine.InitRepo(ctx, tx, did, key); err != nil {
-			return err
-		}
-		ev, err := b.engine.SyncEvent(ctx, tx, did)
-		if err != nil {
-			return err
-		}
-		return firehose.Append(ctx, tx, ev)
-	})
-	require.NoError(t, err)
+	repotest.CreateRepo(t, b.pool, b.engine, b.keys, did)
 	b.seq.Wake()
 	return did
 }
@@ -413,5 +373,5 @@ func (b *bundle) verifyCommit(t testing.TB, c *comatproto.SyncSubscribeRepos_Com
 	require.NoError(t, err, "indigo rejects commit seq %d", c.Seq)
 	commit, _, err := atrepo.LoadCommitFromCAR(ctx, bytes.NewReader(c.Blocks))
 	require.NoError(t, err)
-	require.NoError(t, commit.VerifySignature(b.keys.public(t, c.Repo)))
+	require.NoError(t, commit.VerifySignature(b.keys.Public(t, syntax.DID(c.Repo))))
 }

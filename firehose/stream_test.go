@@ -166,9 +166,11 @@ func verifyCommitErr(ctx context.Context, b *bundle, c *comatproto.SyncSubscribe
 	if err != nil {
 		return false, err
 	}
-	b.keys.mu.Lock()
-	pub, err := b.keys.keys[syntax.DID(c.Repo)].PublicKey()
-	b.keys.mu.Unlock()
+	key, err := b.keys.SigningKey(ctx, syntax.DID(c.Repo))
+	if err != nil {
+		return false, err
+	}
+	pub, err := key.PublicKey()
 	if err != nil {
 		return false, err
 	}

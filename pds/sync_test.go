@@ -34,23 +34,8 @@ import (
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
-
-// syncKeys is an in-memory repo.KeySource for repositories made by tests.
-type syncKeys struct {
-	mu   sync.Mutex
-	keys map[syntax.DID]atcrypto.PrivateKey
-}
-
-func (k *syncKeys) SigningKey(_ context.Context, did syntax.DID) (atcrypto.PrivateKey, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	key, ok := k.keys[did]
-	if !ok {
-		return nil, fmt.Errorf("%w: no key for %s", repo.ErrRepoNotFound, did)
-	}
-	return key, nil
-}
 
 // syncBundle is a running server with a repository engine, accounts and
 // blobs, on a fresh database.
@@ -60,7 +45,7 @@ type syncBundle struct {
 	engine   *repo.Engine
 	blobs    *blob.Service
 	store    blob.Store
-	keys     *syncKeys
+	keys     *repotest.Keys
 	accounts *account.Service
 	// caller is the account uploads are made as (the auth test hook).
 	callerMu sync.Mutex
@@ -96,7 +81,7 @@ func syncSetup(t testing.TB, o syncOptions) *syncBundle {
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	blobs := blob.New(pool, store, blob.Config{MaxBytes: cfg.BlobMaxBytes, TempTTL: cfg.BlobTempTTL, Logger: logger})
-	keys := &syncKeys{keys: map[syntax.DID]atcrypto.PrivateKey{}}
+	keys := repotest.NewKeys()
 	engine := repo.New(pool, keys, nil, repo.Config{Blobs: blobs, Logger: logger})
 
 	rotation, err := atcrypto.GeneratePrivateKeyK256()
@@ -143,19 +128,10 @@ func (b *syncBundle) newAccount(t testing.TB, name string, status account.Status
 	t.Helper()
 	ctx := context.Background()
 	did := syntax.DID("did:plc:" + name)
-	key, err := atcrypto.GeneratePrivateKeyK256()
+	_, err := b.pool.Exec(ctx, "INSERT INTO accounts (did, handle, password_hash, signing_key, status) VALUES ($1, $2, 'x', '\\x00', $3)",
+		did.String(), name+".test", string(status))
 	require.NoError(t, err)
-	b.keys.mu.Lock()
-	b.keys.keys[did] = key
-	b.keys.mu.Unlock()
-	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "INSERT INTO accounts (did, handle, password_hash, signing_key, status) VALUES ($1, $2, 'x', '\\x00', $3)",
-			did.String(), name+".test", string(status)); err != nil {
-			return err
-		}
-		_, err := b.engine.InitRepo(ctx, tx, did, key)
-		return err
-	}))
+	repotest.CreateRepo(t, b.pool, b.engine, b.keys, did)
 	return did
 }
 
@@ -260,8 +236,7 @@ func TestGetRepo(t *testing.T) {
 	require.Equal(t, "application/vnd.ipld.car", resp.Header.Get("Content-Type"))
 	commit := requireCARMatchesIndex(t, bytes.NewReader(body), b.recordIndex(t, did))
 	require.Equal(t, first.Rev, commit.Rev)
-	pub, err := b.keys.keys[did].PublicKey()
-	require.NoError(t, err)
+	pub := b.keys.Public(t, did)
 	require.NoError(t, commit.VerifySignature(pub))
 
 	// since: only what changed after that rev follows the commit.
@@ -337,8 +312,7 @@ func TestSyncGetRecordIsAProof(t *testing.T) {
 	b.writePosts(t, did, "p", 300)
 
 	// The verifier knows the account's key only from its DID document.
-	pub, err := b.keys.keys[did].PublicKey()
-	require.NoError(t, err)
+	pub := b.keys.Public(t, did)
 	ident := identity.Identity{DID: did, Keys: map[string]identity.VerificationMethod{
 		"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()},
 	}}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/bluesky-social/indigo/cmd/relay/stream"
@@ -26,22 +25,12 @@ import (
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-type keys struct {
-	mu   sync.Mutex
-	keys map[syntax.DID]*atcrypto.PrivateKeyK256
-}
-
-func (k *keys) SigningKey(_ context.Context, did syntax.DID) (atcrypto.PrivateKey, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.keys[did], nil
-}
 
 // TestRelayIngestsEveryCommit runs indigo's relay in strict mode against a
 // Bulwark firehose while several accounts are created, write at once,
@@ -55,7 +44,7 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 	defer cancel()
 	pool := dbtest.New(t)
 
-	ks := &keys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
+	ks := repotest.NewKeys()
 	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quiet})
 	hub := firehose.NewHub(pool, firehose.Config{Logger: quiet})
 	seq.OnSequenced(hub.Notify)
@@ -129,9 +118,8 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 	now := func() string { return syntax.DatetimeNow().String() }
 	var dids []syntax.DID
 	for i := range accounts {
-		key, err := atcrypto.GeneratePrivateKeyK256()
-		require.NoError(t, err)
 		did := syntax.DID(fmt.Sprintf("did:plc:relaytest%015d", i))
+		key := ks.Add(t, did)
 		handle := syntax.Handle(fmt.Sprintf("user%d.test", i))
 		pub, err := key.PublicKey()
 		require.NoError(t, err)
@@ -140,9 +128,6 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 			Keys:     map[string]identity.VerificationMethod{"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()}},
 			Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: "http://" + host}},
 		})
-		ks.mu.Lock()
-		ks.keys[did] = key
-		ks.mu.Unlock()
 		// Account creation: #identity, #account, #sync, as createAccount emits them.
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if _, err := engine.InitRepo(ctx, tx, did, key); err != nil {

@@ -18,13 +18,11 @@ import (
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	atrepo "github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/bluesky-social/indigo/cmd/relay/stream"
 	"github.com/gorilla/websocket"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -33,6 +31,7 @@ import (
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
 
 // relayReadLimit is what indigo's relay allows one frame: above it the
@@ -60,7 +59,7 @@ type repairEnv struct {
 func newRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *repairEnv {
 	t.Helper()
 	pool := dbtest.New(t)
-	ks := &keys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
+	ks := repotest.NewKeys()
 	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quiet})
 	log := firehose.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
@@ -106,27 +105,13 @@ func newRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *repa
 	stopSeq := func() { seqCancel(); <-seqDone }
 	t.Cleanup(stopSeq)
 	e := &repairEnv{pool: pool, hub: hub, engine: engine, seq: seq, stopSeq: stopSeq, host: cfg.Hostname, url: "http://" + cfg.Hostname, password: cfg.AdminPassword, dir: identity.NewMockDirectory()}
-	key, err := atcrypto.GeneratePrivateKeyK256()
-	require.NoError(t, err)
 	e.did = "did:plc:repairtest00000000000000"
-	pub, err := key.PublicKey()
-	require.NoError(t, err)
+	repotest.CreateRepo(t, pool, engine, ks, e.did)
 	e.dir.Insert(identity.Identity{
 		DID: e.did, Handle: "repair.test", AlsoKnownAs: []string{"at://repair.test"},
-		Keys:     map[string]identity.VerificationMethod{"atproto": {Type: "Multikey", PublicKeyMultibase: pub.Multibase()}},
+		Keys:     map[string]identity.VerificationMethod{"atproto": {Type: "Multikey", PublicKeyMultibase: ks.Public(t, e.did).Multibase()}},
 		Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: e.url}},
 	})
-	ks.keys[e.did] = key
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := engine.InitRepo(ctx, tx, e.did, key); err != nil {
-			return err
-		}
-		ev, err := engine.SyncEvent(ctx, tx, e.did)
-		if err != nil {
-			return err
-		}
-		return firehose.Append(ctx, tx, ev)
-	}))
 	var last *repo.CommitResult
 	for i := range 3 {
 		last, err = engine.Apply(ctx, e.did, []repo.Write{{
