@@ -112,10 +112,15 @@ func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabl
 // the last code of the previous page ("" to start); the returned cursor is
 // "" at the end.
 func (s *Service) ListInviteCodes(ctx context.Context, cursor string, limit int) ([]InviteCode, string, error) {
+	return s.listInviteCodes(ctx, qListInviteCodes, cursor, limit)
+}
+
+// listInviteCodes runs one of the invite-code page queries (cursor, limit).
+func (s *Service) listInviteCodes(ctx context.Context, query, cursor string, limit int) ([]InviteCode, string, error) {
 	if limit < 1 {
 		return nil, "", fmt.Errorf("account: limit must be positive")
 	}
-	rows, err := s.pool.Query(ctx, qListInviteCodes, cursor, limit)
+	rows, err := s.pool.Query(ctx, query, cursor, limit)
 	if err != nil {
 		return nil, "", db.Translate(err)
 	}

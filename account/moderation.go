@@ -278,20 +278,5 @@ func (s *Service) AdminDetails(ctx context.Context, dids []syntax.DID) (map[synt
 // ListInviteCodesByUsage is ListInviteCodes ordered by how often each code
 // was used, most first.
 func (s *Service) ListInviteCodesByUsage(ctx context.Context, cursor string, limit int) ([]InviteCode, string, error) {
-	if limit < 1 {
-		return nil, "", fmt.Errorf("account: limit must be positive")
-	}
-	rows, err := s.pool.Query(ctx, qListInviteCodesByUsage, cursor, limit)
-	if err != nil {
-		return nil, "", db.Translate(err)
-	}
-	out, err := scanInviteCodes(rows)
-	if err != nil {
-		return nil, "", err
-	}
-	next := ""
-	if len(out) == limit {
-		next = out[len(out)-1].Code
-	}
-	return out, next, nil
+	return s.listInviteCodes(ctx, qListInviteCodesByUsage, cursor, limit)
 }
