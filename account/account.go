@@ -40,6 +40,7 @@ var (
 	qSetHandle                  = queries.MustGet("SetHandle")
 	qDeleteAccount              = queries.MustGet("DeleteAccount")
 	qCheckSession               = queries.MustGet("CheckSession")
+	qCheckSessionGuard          = queries.MustGet("CheckSessionGuard")
 	qInsertRefreshToken         = queries.MustGet("InsertRefreshToken")
 	qLockRefreshToken           = queries.MustGet("LockRefreshToken")
 	qRotateRefreshToken         = queries.MustGet("RotateRefreshToken")
@@ -653,6 +654,37 @@ func (s *Service) Authenticate(ctx context.Context, accessToken string) (*Auth, 
 		return nil, ruleErr(ErrInvalidToken, "the session has ended")
 	}
 	return &Auth{DID: c.DID, Handle: syntax.Handle(handle), Status: Status(status), Scope: c.Scope, SessionID: c.ID}, nil
+}
+
+// ParseAccess verifies an access token without the database: signature,
+// type, audience, expiry, scope. The account's state and the session's
+// liveness are not checked: the caller must run WriteGuard in the
+// transaction it acts in (or call Authenticate instead). Handle and Status
+// of the result are unset.
+func (s *Service) ParseAccess(accessToken string) (*Auth, error) {
+	c, err := s.tokens.parse(accessToken, typAccess, ScopeAccess, ScopeAppPass, ScopeAppPassPrivileged)
+	if err != nil {
+		return nil, err
+	}
+	return &Auth{DID: c.DID, Scope: c.Scope, SessionID: c.ID}, nil
+}
+
+// sessionRefused is the SQLSTATE bulwark_check_session raises
+// (migrations/00007).
+const sessionRefused = "BW002"
+
+// WriteGuard is the statement that, run first in a commit's transaction,
+// aborts it unless a's account is active and a's session is alive: the
+// check Authenticate makes, without a round trip of its own. A commit
+// refused by it fails with an error for which IsSessionRefused is true.
+func WriteGuard(a *Auth) *repo.Guard {
+	return &repo.Guard{SQL: qCheckSessionGuard, Args: []any{a.DID.String(), a.SessionID}}
+}
+
+// IsSessionRefused reports whether err comes from a WriteGuard.
+func IsSessionRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == sessionRefused
 }
 
 // CheckPassword reports whether password is did's account password (not

@@ -45,6 +45,10 @@ SELECT a.handle, a.status,
                WHERE r.session_id = $2 AND r.did = a.did AND r.expires_at > now())
 FROM accounts a WHERE a.did = $1;
 
+-- name: CheckSessionGuard
+-- CheckSession inside a commit: raises SQLSTATE BW002 instead of answering.
+SELECT bulwark_check_session($1, $2);
+
 -- name: InsertRefreshToken
 INSERT INTO refresh_tokens (jti, session_id, did, app_password_name, expires_at)
 VALUES ($1, $2, $3, $4, $5);

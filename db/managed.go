@@ -83,6 +83,10 @@ type ManagedConfig struct {
 	// no server behind. Servers leave it off: Go may retire threads, and a
 	// restarted server finds and stops an orphan anyway.
 	StopWithParent bool
+	// Settings are extra server settings ("name=value"), applied after
+	// Bulwark's own, so they win: e.g. "shared_buffers=1GB" on a large
+	// machine, or "shared_preload_libraries=pg_stat_statements" to profile.
+	Settings []string
 	// StartTimeout bounds the wait for the server to accept connections,
 	// which includes crash recovery. 0 means two minutes.
 	StartTimeout time.Duration
@@ -209,6 +213,38 @@ func (m *Managed) URL(database string) string {
 
 // Dir returns the cluster directory.
 func (m *Managed) Dir() string { return m.dir }
+
+// ServerCPU is the CPU time (user + system) used so far by the postmaster
+// and its live children (backends, WAL writer, checkpointer, ...), read
+// from /proc: benchmarks take the difference over a run to attribute CPU
+// to Postgres. Children that have exited are not counted.
+func (m *Managed) ServerCPU() (time.Duration, error) {
+	pm := strconv.Itoa(m.cmd.Process.Pid)
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	for _, e := range ents {
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// After the parenthesised command: state, ppid, ..., utime (12th), stime (13th).
+		i := bytes.LastIndexByte(raw, ')')
+		if i < 0 || i+2 > len(raw) {
+			continue
+		}
+		f := strings.Fields(string(raw[i+2:]))
+		if len(f) < 13 || (e.Name() != pm && f[1] != pm) {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * (time.Second / 100) // USER_HZ
+	}
+	return total, nil
+}
 
 // Done is closed when the server process exits, whether stopped or not:
 // a server can watch it to shut down instead of failing every request.
@@ -670,6 +706,7 @@ func (m *Managed) start(cfg ManagedConfig) error {
 			"max_wal_senders=0",
 		}
 	}
+	settings = append(settings, cfg.Settings...)
 	args := []string{"-D", m.dataDir}
 	for _, s := range settings {
 		args = append(args, "-c", s)

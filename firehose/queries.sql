@@ -5,22 +5,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7);
 -- name: LockSequencer
 SELECT last_seq FROM sequencer_state WHERE id = 1 FOR UPDATE;
 
--- name: AssignSeqs
--- Numbers the oldest unsequenced committed events in id order.
-UPDATE events e
-SET seq = $1::bigint + p.rn
-FROM (
-    SELECT id, row_number() OVER (ORDER BY id) AS rn
-    FROM events
-    WHERE seq IS NULL
-    ORDER BY id
-    LIMIT $2
-) p
-WHERE e.id = p.id
-RETURNING e.seq;
-
--- name: SetLastSeq
-UPDATE sequencer_state SET last_seq = $1 WHERE id = 1;
+-- name: SequenceBatch
+-- One round trip: see bulwark_sequence in migrations/00007.
+SELECT numbered, last_seq FROM bulwark_sequence($1);
 
 -- name: RaiseLastSeq
 UPDATE sequencer_state SET last_seq = greatest(last_seq, $1) WHERE id = 1 RETURNING last_seq;
@@ -43,13 +30,12 @@ ORDER BY seq
 LIMIT 1;
 
 -- name: FirstSeqSince
+-- Walks seq order on events_seq_created (index-only); retention keeps the
+-- events before $1 few.
 SELECT seq FROM events
-WHERE created_at >= $1 AND seq IS NOT NULL
-ORDER BY created_at, seq
+WHERE seq IS NOT NULL AND created_at >= $1
+ORDER BY seq
 LIMIT 1;
 
 -- name: TryLeadership
 SELECT pg_try_advisory_lock($1);
-
--- name: NotifySequenced
-SELECT pg_notify('bulwark_sequenced', $1::text);

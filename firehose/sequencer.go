@@ -15,8 +15,7 @@ import (
 )
 
 var (
-	qTryLeadership   = queries.MustGet("TryLeadership")
-	qNotifySequenced = queries.MustGet("NotifySequenced")
+	qTryLeadership = queries.MustGet("TryLeadership")
 )
 
 // NotifyChannel is the Postgres LISTEN channel on which the sequencer
@@ -172,34 +171,9 @@ func (s *Sequencer) lead(ctx context.Context) error {
 // transaction and returns how many it numbered. Exported for tests and for
 // tools that run without a leader loop.
 func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
-	var last int64
-	var n int
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, qLockSequencer).Scan(&last); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, qAssignSeqs, last, s.cfg.BatchSize)
-		if err != nil {
-			return err
-		}
-		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return err
-		}
-		n = len(seqs)
-		if n == 0 {
-			return errNothingToDo
-		}
-		for _, q := range seqs {
-			last = max(last, q)
-		}
-		if _, err := tx.Exec(ctx, qSetLastSeq, last); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, qNotifySequenced, fmt.Sprint(last))
-		return err
-	})
-	if errors.Is(err, errNothingToDo) {
+	var n, last int64
+	err := s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize).Scan(&n, &last)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
@@ -211,10 +185,8 @@ func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
 	for _, fn := range ls {
 		fn(last)
 	}
-	return n, nil
+	return int(n), nil
 }
-
-var errNothingToDo = errors.New("nothing to sequence")
 
 // RaiseSeq makes the next seq greater than floor (for a relay whose cursor is
 // ahead of this server after a restore). It returns the new last seq.

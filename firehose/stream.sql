@@ -15,13 +15,15 @@ WHERE before < $3
 ORDER BY seq;
 
 -- name: PruneEvents
--- Deletes one batch of sequenced events created before $1, oldest first.
+-- Deletes, of the $2 oldest sequenced events, those created before $1. It
+-- walks seq order (index-only on events_seq_created), which follows
+-- created_at, so pruning stops at the first batch that is not all old.
 DELETE FROM events
-WHERE id IN (
-    SELECT id FROM events
-    WHERE created_at < $1 AND seq IS NOT NULL
-    ORDER BY created_at
-    LIMIT $2
+WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq, created_at FROM events WHERE seq IS NOT NULL ORDER BY seq LIMIT $2
+    ) oldest
+    WHERE created_at < $1
 );
 
 -- name: ListenSequenced

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,6 +60,16 @@ func durablePool(b *testing.B) *pgxpool.Pool {
 	return pool
 }
 
+// benchCPU returns the CPU time used so far by this process (server and
+// clients) and by the benchmark's Postgres.
+func benchCPU(b *testing.B) (self, pg time.Duration) {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	pg, err := benchPG.ServerCPU()
+	require.NoError(b, err)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), pg
+}
+
 func BenchmarkCreateRecordHTTP(b *testing.B) {
 	for _, clients := range []int{1, 16} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
@@ -76,6 +87,7 @@ func BenchmarkCreateRecordHTTP(b *testing.B) {
 			var lat []time.Duration
 			var next atomic.Int64
 			var wg sync.WaitGroup
+			self0, pg0 := benchCPU(b)
 			b.ResetTimer()
 			start := time.Now()
 			for c := range clients {
@@ -116,6 +128,9 @@ func BenchmarkCreateRecordHTTP(b *testing.B) {
 			b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "records/s")
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+			self1, pg1 := benchCPU(b)
+			b.ReportMetric(float64((self1-self0).Microseconds())/float64(len(lat)), "go-cpu-µs/op")
+			b.ReportMetric(float64((pg1-pg0).Microseconds())/float64(len(lat)), "pg-cpu-µs/op")
 		})
 	}
 }

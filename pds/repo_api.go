@@ -14,7 +14,9 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -167,8 +169,35 @@ type writeOutput struct {
 
 // recordWrite is the parsed, authorised target of a one-record write
 // (createRecord, putRecord, deleteRecord).
+// commit applies writes as auth's commit. A commit refused by the session
+// guard is answered with the error the full session check gives.
+func (s *Server) commit(w http.ResponseWriter, r *http.Request, auth *writeAuth, writes []repo.Write, swapCommit *cid.Cid) (*repo.CommitResult, error) {
+	res, err := s.applyGuarded(w, r, auth.DID, writes, swapCommit, auth.guard)
+	if err != nil && auth.guard != nil && account.IsSessionRefused(err) {
+		if _, aerr := s.requireAuth(r); aerr != nil {
+			return nil, aerr
+		}
+		// The session came back between the commit and the check (it
+		// cannot, but say something true if it does).
+		return nil, tokenInvalid("the session could not be confirmed; try again")
+	}
+	return res, err
+}
+
+// applyGuarded charges the account's write points and commits.
+func (s *Server) applyGuarded(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid, guard *repo.Guard) (*repo.CommitResult, error) {
+	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
+		return nil, err
+	}
+	res, err := s.repo.ApplyGuarded(r.Context(), did, writes, swapCommit, guard)
+	if err == nil {
+		metrics.Commits.Inc()
+	}
+	return res, err
+}
+
 type recordWrite struct {
-	auth       *account.Auth
+	auth       *writeAuth
 	collection syntax.NSID
 	rkey       syntax.RecordKey // empty: createRecord without rkey
 	swapCommit *cid.Cid
@@ -178,7 +207,7 @@ type recordWrite struct {
 // parseRecordWrite authorises the caller on repoID and parses the fields the
 // one-record writes share. rkey may be empty only when optional.
 func (s *Server) parseRecordWrite(r *http.Request, repoID, collection, rkey string, rkeyOptional bool, swapCommit string, swapRecord json.RawMessage) (*recordWrite, error) {
-	auth, err := s.requireRepoAuth(r, repoID)
+	auth, err := s.requireRepoWrite(r, repoID)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +242,7 @@ func (s *Server) handleCreateRecord(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+	res, err := s.commit(w, r, t.auth, []repo.Write{{
 		Action: repo.ActionCreate, Collection: t.collection, RKey: t.rkey, Record: rec,
 	}}, t.swapCommit)
 	if err != nil {
@@ -249,7 +278,7 @@ func (s *Server) handlePutRecord(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+	res, err := s.commit(w, r, t.auth, []repo.Write{{
 		Action: repo.ActionUpdate, Collection: t.collection, RKey: t.rkey, Record: rec, SwapRecord: t.swapRecord,
 	}}, t.swapCommit)
 	if err != nil {
@@ -282,7 +311,7 @@ func (s *Server) handleDeleteRecord(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	res, err := s.apply(w, r, t.auth.DID, []repo.Write{{
+	res, err := s.commit(w, r, t.auth, []repo.Write{{
 		Action: repo.ActionDelete, Collection: t.collection, RKey: t.rkey, SwapRecord: t.swapRecord,
 	}}, t.swapCommit)
 	if errors.Is(err, repo.ErrRecordNotFound) && t.swapRecord == nil {
@@ -329,7 +358,7 @@ func (s *Server) handleApplyWrites(w http.ResponseWriter, r *http.Request) error
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	auth, err := s.requireRepoAuth(r, in.Repo)
+	auth, err := s.requireRepoWrite(r, in.Repo)
 	if err != nil {
 		return err
 	}
@@ -380,7 +409,7 @@ func (s *Server) handleApplyWrites(w http.ResponseWriter, r *http.Request) error
 		}
 		writes[i] = wr
 	}
-	res, err := s.apply(w, r, auth.DID, writes, swapCommit)
+	res, err := s.commit(w, r, auth, writes, swapCommit)
 	if err != nil {
 		return err
 	}

@@ -7,13 +7,16 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db"
@@ -44,7 +47,7 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 			return
 		}
 		_ = os.Chmod(dir, 0o711)
-		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true})
+		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true, Settings: benchSettings()})
 		if err != nil {
 			benchErr = err
 			return
@@ -63,7 +66,11 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	require.NoError(b, db.Migrate(ctx, pool, nil))
 	b.Cleanup(pool.Close)
 	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{})
+	var gather time.Duration
+	if v := os.Getenv("BENCH_GATHER"); v != "" {
+		gather, _ = time.ParseDuration(v)
+	}
+	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Gather: gather})
 	bctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	go seq.Run(bctx)
@@ -72,6 +79,18 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 		waker = nil
 	}
 	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool)}
+}
+
+// benchSettings reads extra Postgres settings for the benchmark cluster
+// from BENCH_PG_SETTINGS (comma-separated name=value), e.g.
+// shared_preload_libraries=pg_stat_statements to see where the server's
+// time goes.
+func benchSettings() []string {
+	v := os.Getenv("BENCH_PG_SETTINGS")
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
 }
 
 // latencies collects per-commit durations and reports commits/s, p50, p99.
@@ -105,6 +124,7 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	ctx := context.Background()
 	var lat latencies
 	var next atomic.Int64
+	cpu0 := sampleCPU(b)
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -128,6 +148,58 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	lat.report(b, elapsed)
+	cpu1 := sampleCPU(b)
+	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
+	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
+	if os.Getenv("BENCH_PG_STATS") != "" {
+		printStatementStats(b, bb.pool)
+	}
+}
+
+// cpuSample is CPU time used so far by this process and by the benchmark
+// cluster.
+type cpuSample struct{ self, pg time.Duration }
+
+func sampleCPU(b *testing.B) cpuSample {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	pg, err := benchPG.ServerCPU()
+	require.NoError(b, err)
+	return cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), pg: pg}
+}
+
+// printStatementStats prints where the server's time went, per statement,
+// from pg_stat_statements (BENCH_PG_SETTINGS must preload it).
+func printStatementStats(b *testing.B, pool *pgxpool.Pool) {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		b.Log(err)
+		return
+	}
+	var avgBody, avgStored float64
+	if err := pool.QueryRow(ctx, "SELECT avg(octet_length(body)), avg(pg_column_size(body)) FROM events").Scan(&avgBody, &avgStored); err == nil {
+		fmt.Printf("event body: %.0f bytes on average, %.0f stored\n", avgBody, avgStored)
+	}
+	rows, err := pool.Query(ctx, `SELECT calls, round(total_exec_time::numeric, 1), round((total_exec_time/calls*1000)::numeric, 1),
+		round(total_plan_time::numeric, 1), wal_records, left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT 25`)
+	if err != nil {
+		b.Log(err)
+		return
+	}
+	defer rows.Close()
+	fmt.Printf("%8s %10s %8s %8s %8s  %s\n", "calls", "exec ms", "µs/call", "plan ms", "wal rec", "query")
+	for rows.Next() {
+		var calls, walRecs int64
+		var total, per, plan float64
+		var q string
+		if err := rows.Scan(&calls, &total, &per, &plan, &walRecs, &q); err != nil {
+			b.Log(err)
+			return
+		}
+		fmt.Printf("%8d %10.1f %8.1f %8.1f %8d  %s\n", calls, total, per, plan, walRecs, q)
+	}
 }
 
 func BenchmarkCommitOneWriter(b *testing.B) { runCommitBench(b, 1, 1, Config{}) }

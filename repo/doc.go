@@ -13,7 +13,7 @@
 // process is the repo's only writer and holds its tree in cache: the commit
 // is then built from the cached state and the single batch checks, under
 // the row lock, that the stored commit is still the cached one
-// (bulwark_guard_root), falling back to the two-round-trip path if not.
+// (bulwark_swap_root), falling back to the two-round-trip path if not.
 //
 // The package knows nothing about HTTP; handlers map its sentinel errors to
 // XRPC errors.

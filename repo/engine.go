@@ -52,7 +52,7 @@ var (
 	qGetBlockByCID    = queries.MustGet("GetBlockByCID")
 	qCountRecords     = queries.MustGet("CountRecords")
 	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
-	qGuardRoot        = queries.MustGet("GuardRoot")
+	qSwapRoot         = queries.MustGet("SwapRoot")
 	qDeleteRepo       = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -304,6 +304,21 @@ func encodeRecord(path string, collection syntax.NSID, rec map[string]any) ([]by
 // change nothing (updates to identical records) is not stored; the current
 // head is returned.
 func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swapCommit *cid.Cid) (*CommitResult, error) {
+	return e.ApplyGuarded(ctx, did, writes, swapCommit, nil)
+}
+
+// Guard is a statement run first in a commit's transaction, before the
+// repo is locked or anything is written; if it fails (raises), nothing is
+// stored and Apply returns its error. The XRPC layer uses one to check the
+// writer's session and account status in the commit's own transaction
+// instead of in a round trip of its own.
+type Guard struct {
+	SQL  string
+	Args []any
+}
+
+// ApplyGuarded is Apply with a guard statement (nil for none).
+func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Write, swapCommit *cid.Cid, guard *Guard) (*CommitResult, error) {
 	prepared, err := e.prepare(writes)
 	if err != nil {
 		return nil, err
@@ -323,13 +338,13 @@ func (e *Engine) Apply(ctx context.Context, did syntax.DID, writes []Write, swap
 	var newState *repoState
 	done := false
 	if alone {
-		res, newState, done, err = e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit)
+		res, newState, done, err = e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard)
 		if err != nil {
 			return nil, err
 		}
 	}
 	if !done {
-		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit)
+		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit, guard)
 		if err != nil {
 			rollback(ctx, conn)
 			return nil, err
@@ -360,20 +375,24 @@ func (e *Engine) leave(did string) {
 	}
 }
 
-// errRootMoved is the SQLSTATE bulwark_guard_root raises when a repo's
-// commit is not the one a writer built on (migrations/00006).
+// errRootMoved is the SQLSTATE bulwark_swap_root raises when a repo's
+// commit is not the one a writer built on (migrations/00007).
 const errRootMoved = "BW001"
 
 // applyOptimistic commits in one round trip when this process holds the
-// repo's tree in its cache: the commit is built from the cached state, and
-// one batch locks the repo row, checks the stored commit is still the
-// cached one (bulwark_guard_root raises otherwise, which aborts the batch
-// before any write), stores everything and commits. done is false when the
-// fast path does not apply or the root moved (another process wrote); the
-// caller then takes the two-round-trip path, which reads the root inside
-// the lock. Commits whose records touch blob references take that path too,
-// since the blob tracker needs the transaction open.
-func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, bool, error) {
+// repo's tree in its cache: the commit is built from the cached state and
+// sent as one pipelined batch with no BEGIN or COMMIT (the statements of a
+// pipeline up to its Sync run as one implicit transaction, committed at the
+// Sync, or rolled back whole if any statement fails). The batch's first
+// statement, bulwark_swap_root, takes the repo row lock and moves the root
+// from the cached commit to the new one, or raises when the stored commit
+// is not the cached one, which aborts the batch before any other write.
+// done is false when the fast path does not apply or the root moved
+// (another process wrote); the caller then takes the two-round-trip path,
+// which reads the root inside the lock. Commits whose records touch blob
+// references take that path too, since the blob tracker needs the
+// transaction open.
+func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard) (*CommitResult, *repoState, bool, error) {
 	if e.blobs != nil {
 		for _, w := range writes {
 			if w.Action != ActionCreate || len(atdata.ExtractBlobs(w.Record)) > 0 {
@@ -396,16 +415,21 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 		return nil, nil, false, nil
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(qGuardRoot, did.String(), built.Bytes())
+	if guard != nil {
+		b.Queue(guard.SQL, guard.Args...)
+	}
+	b.Queue(qSwapRoot, did.String(), built.Bytes(), p.root.commitCID, p.root.commit, p.root.data, p.root.rev)
 	b.QueuedQueries = append(b.QueuedQueries, p.batch.QueuedQueries...)
-	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		rollback(ctx, conn)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == errRootMoved {
 			e.staleRoots.Add(1)
 			return nil, nil, false, nil
+		}
+		if pe == nil {
+			// Not an answer from the server: the connection may be in
+			// any state, so it is not reused.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		}
 		return nil, nil, true, fmt.Errorf("storing commit: %w", db.Translate(err))
 	}
@@ -428,11 +452,14 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 // lock and the root read, then every write with COMMIT at the end (plus the
 // blob tracker's statements, when a record references blobs). On an error
 // the caller rolls back.
-func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid) (*CommitResult, *repoState, error) {
+func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard) (*CommitResult, *repoState, error) {
 	var commitRaw, dataRaw []byte
 	var oldRev string
 	begin := &pgx.Batch{}
 	begin.Queue("BEGIN")
+	if guard != nil {
+		begin.Queue(guard.SQL, guard.Args...)
+	}
 	begin.Queue(qLockRoot, did.String()).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&commitRaw, &dataRaw, &oldRev)
 	})
@@ -477,6 +504,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 			return nil, nil, err
 		}
 	}
+	p.batch.Queue(qUpdateRoot, did.String(), p.root.commitCID, p.root.commit, p.root.data, p.root.rev)
 	p.batch.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, p.batch).Close(); err != nil {
 		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
@@ -486,12 +514,14 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 }
 
 // commitPlan is a commit worked out from a repo state: its result, the
-// batch that stores it (nil when nothing changes), the records' blob
-// references, and finish, which brings the state up to the new commit once
-// it is stored.
+// batch that stores its blocks, records and event (nil when nothing
+// changes), the new root row (which the caller stores, guarded or not), the
+// records' blob references, and finish, which brings the state up to the
+// new commit once it is stored.
 type commitPlan struct {
 	res         *CommitResult
 	batch       *pgx.Batch
+	root        rootRow
 	blobChanges []RecordBlobs
 	finish      func()
 }
@@ -656,7 +686,6 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		}
 		batch.Queue(qUpsertRecords, did.String(), rev, cols, rkeys, cids, datas)
 	}
-	batch.Queue(qUpdateRoot, did.String(), commitCID.Bytes(), commitBytes, root.Bytes(), rev)
 	firehose.QueueAppend(batch, ev)
 	var changes []RecordBlobs
 	if e.blobs != nil {
@@ -684,9 +713,17 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	return &commitPlan{
 		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: results},
 		batch:       batch,
+		root:        rootRow{commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(), rev: rev},
 		blobChanges: changes,
 		finish:      finish,
 	}, nil
+}
+
+// rootRow is a repo_roots row as stored: commit CID, signed commit block,
+// MST root CID, rev.
+type rootRow struct {
+	commitCID, commit, data []byte
+	rev                     string
 }
 
 // nextRev returns a TID above both the clock and the previous rev, so revs

@@ -107,6 +107,7 @@ DELETE FROM repo_nodes WHERE did = $1;
 -- name: DeleteRepoRoot
 DELETE FROM repo_roots WHERE did = $1;
 
--- name: GuardRoot
--- Locks the repo row and raises SQLSTATE BW001 unless its commit is $2.
-SELECT bulwark_guard_root($1, $2);
+-- name: SwapRoot
+-- Moves the root from commit $2 to $3 (taking the row lock), or raises
+-- SQLSTATE BW001 when the repo's commit is not $2 (migrations/00007).
+SELECT bulwark_swap_root($1, $2, $3, $4, $5, $6);
