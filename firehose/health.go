@@ -65,10 +65,17 @@ type ConnRecord struct {
 
 // StuckInfo describes where a stuck consumer stalls.
 type StuckInfo struct {
-	// Cursor is the cursor it keeps asking for; Seq is the event after it,
-	// the one it cannot get past.
+	// Cursor is the cursor it keeps asking for; Seq is the event it cannot
+	// get past: the first event after the cursor that breaks a protocol
+	// limit, up to the last one it was sent and the next; failing that,
+	// the last one it was sent, or the one after the cursor. (A relay's
+	// cursor can lag what it has processed: indigo's sends the seq before
+	// the one it last finished, so the event after the cursor may be
+	// sound.) LastSent is the highest seq written to it in those
+	// connections.
 	Cursor     int64      `json:"cursor"`
 	Seq        int64      `json:"seq"`
+	LastSent   int64      `json:"lastSent,omitempty"`
 	Event      *EventInfo `json:"event,omitempty"`
 	Reconnects int        `json:"reconnects"`
 	Since      time.Time  `json:"since"`
@@ -256,11 +263,13 @@ func (h *Health) checkStuck(c *consumer) (ConsumerReport, bool) {
 	}
 	cutoff := time.Now().Add(-h.cfg.Window)
 	sent := false
+	var lastSent int64
 	for _, e := range ended {
 		if e.cursor == nil || *e.cursor != *last.cursor || e.started.Before(cutoff) {
 			return ConsumerReport{}, false
 		}
 		sent = sent || e.frames.Load() > 0
+		lastSent = max(lastSent, e.lastSeq.Load())
 	}
 	// A consumer at the head that reconnects is not stuck: something must
 	// follow its cursor. A frame written says so; otherwise (the write of an
@@ -269,7 +278,7 @@ func (h *Health) checkStuck(c *consumer) (ConsumerReport, bool) {
 	if !sent && (h.cfg.Inspect == nil || (c.headCursor == *last.cursor && time.Since(c.headAt) < time.Minute)) {
 		return ConsumerReport{}, false
 	}
-	c.stuck = &StuckInfo{Cursor: *last.cursor, Seq: *last.cursor + 1, Reconnects: len(ended), Since: ended[len(ended)-1].started}
+	c.stuck = &StuckInfo{Cursor: *last.cursor, Seq: *last.cursor + 1, LastSent: lastSent, Reconnects: len(ended), Since: ended[len(ended)-1].started}
 	return h.report(c), true
 }
 
@@ -278,7 +287,7 @@ func (h *Health) announce(r ConsumerReport) {
 	if h.cfg.Inspect != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		ev, err := h.cfg.Inspect(ctx, r.Stuck.Cursor+1)
+		ev, err := h.locate(ctx, r.Stuck)
 		if err == nil && ev == nil {
 			// Nothing follows the cursor: at the head, not stuck.
 			h.mu.Lock()
@@ -312,6 +321,42 @@ func (h *Health) announce(r ConsumerReport) {
 	if h.cfg.OnStuck != nil {
 		h.cfg.OnStuck(r)
 	}
+}
+
+// locateWindow bounds how many events locate inspects.
+const locateWindow = 16
+
+// locate finds the event a stuck consumer cannot get past (see StuckInfo),
+// or nil when nothing follows its cursor.
+func (h *Health) locate(ctx context.Context, s *StuckInfo) (*EventInfo, error) {
+	var first, lastSent *EventInfo
+	seq := s.Cursor + 1
+	for range locateWindow {
+		ev, err := h.cfg.Inspect(ctx, seq)
+		if err != nil {
+			return nil, err
+		}
+		if ev == nil {
+			break
+		}
+		if len(ev.Problems) > 0 {
+			return ev, nil
+		}
+		if first == nil {
+			first = ev
+		}
+		if ev.Seq <= s.LastSent {
+			lastSent = ev
+		}
+		if ev.Seq > s.LastSent {
+			break // one past what it was sent
+		}
+		seq = ev.Seq + 1
+	}
+	if lastSent != nil {
+		return lastSent, nil
+	}
+	return first, nil
 }
 
 // report copies a consumer's state. h.mu held.

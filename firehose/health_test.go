@@ -76,6 +76,57 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 	require.Equal(t, 0, h.StuckCount())
 }
 
+// TestHealthStuckBehindLaggingCursor: indigo's relay asks for the seq
+// before the last one it finished, so each connection is sent a sound event
+// and then the bad one. The flag must name the bad one, not the event after
+// the cursor.
+func TestHealthStuckBehindLaggingCursor(t *testing.T) {
+	t.Parallel()
+	const bad = 43
+	var mu sync.Mutex
+	var stuck []ConsumerReport
+	h := NewHealth(HealthConfig{
+		StuckAfter: 3,
+		Logger:     slog.New(slog.DiscardHandler),
+		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+			if seq > 60 {
+				return nil, nil
+			}
+			ev := &EventInfo{Seq: seq, Kind: KindCommit, FrameBytes: 2_000}
+			if seq == bad {
+				ev.FrameBytes, ev.Problems = 5_100_000, []string{"frame over 5,000,000 bytes"}
+			}
+			return ev, nil
+		},
+		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
+	})
+	cursor := int64(bad - 2)
+	for range 4 {
+		c := h.Start("10.0.0.9", "indigo-relay", &cursor)
+		c.Sent(bad - 1)
+		c.Sent(bad) // written; the relay drops the connection on reading it
+		c.End(EndReadError)
+	}
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 })
+	r := findConsumer(h, "10.0.0.9")
+	require.Equal(t, cursor, r.Stuck.Cursor)
+	require.Equal(t, int64(bad), r.Stuck.LastSent)
+	require.Equal(t, int64(bad), r.Stuck.Seq, "the event over the limit, not the sound one after the cursor")
+	require.NotEmpty(t, r.Stuck.Event.Problems)
+
+	// A consumer that chokes on a sound event (say it rejects it) is
+	// flagged at the last event it was sent.
+	other := int64(20)
+	for range 4 {
+		c := h.Start("10.0.0.10", "picky/1", &other)
+		c.Sent(21)
+		c.Sent(22)
+		c.End(EndReadError)
+	}
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 2 })
+	require.Equal(t, int64(22), findConsumer(h, "10.0.0.10").Stuck.Seq)
+}
+
 func TestHealthBoundedMemory(t *testing.T) {
 	t.Parallel()
 	h := NewHealth(HealthConfig{MaxConsumers: 100, History: 4})

@@ -108,8 +108,22 @@ func TestAccountsAndSessions(t *testing.T) {
 		// Both access tokens of the session work until it ends.
 		e.get(t, "com.atproto.server.getSession", access, nil).ok(t)
 		e.get(t, "com.atproto.server.getSession", access2, nil).ok(t)
+		e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend", "record": post("ok")}).ok(t)
 		e.post(t, "com.atproto.server.deleteSession", refresh2, nil).ok(t)
 		e.get(t, "com.atproto.server.getSession", access2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+		// Writes check the session inside the commit's transaction (the
+		// guard of requireRepoWrite): refused with the same error, and
+		// nothing is stored.
+		e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "afterend", "record": post("no")}).
+			fails(t, http.StatusBadRequest, "InvalidToken")
+		e.post(t, "com.atproto.repo.applyWrites", access2, map[string]any{"repo": u.did, "writes": []any{map[string]any{
+			"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "rkey": "afterend", "value": post("no")}}}).
+			fails(t, http.StatusBadRequest, "InvalidToken")
+		e.post(t, "com.atproto.repo.deleteRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend"}).
+			fails(t, http.StatusBadRequest, "InvalidToken")
+		e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"afterend"}}).
+			fails(t, http.StatusBadRequest, "RecordNotFound")
+		e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"beforeend"}}).ok(t)
 		e.post(t, "com.atproto.server.refreshSession", refresh2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
 		e.post(t, "com.atproto.server.refreshSession", refresh, nil).fails(t, http.StatusBadRequest, "InvalidToken")
 		// deleteSession is idempotent.
