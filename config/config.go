@@ -161,6 +161,11 @@ type Config struct {
 	// (and, separately, for a getRepo export slot); one more is answered
 	// 503 ServiceOverloaded at once. Zero means no waiting at all.
 	InflightQueue int
+	// BackgroundMaxPause bounds how long a background stream (a getRepo
+	// export, a blob download) pauses before each chunk while writes are
+	// in flight, so that writes get the CPU first (package priority).
+	// Zero means never pause.
+	BackgroundMaxPause time.Duration
 	// RateLimits is empty (the reference PDS's limits), "off", or
 	// overrides like "global=6000/5m;createSession=10/5m,100/1d"; see
 	// RateLimitPolicies.
@@ -211,6 +216,7 @@ func DefaultConfig() *Config {
 		FirehoseOversizeSync:   true,
 		MaxJSONBody:            DefaultMaxJSONBody,
 		InflightQueue:          DefaultInflightQueue,
+		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
@@ -361,6 +367,9 @@ func (c *Config) Validate() error {
 	}
 	if c.InflightQueue < 0 {
 		return settingError("inflight-queue", "must not be negative")
+	}
+	if c.BackgroundMaxPause < 0 || c.BackgroundMaxPause > MaxBackgroundMaxPause {
+		return settingError("background-max-pause", "must be between 0 (never pause) and %s", MaxBackgroundMaxPause)
 	}
 	if _, err := c.RateLimitPolicies(); err != nil {
 		return settingError("ratelimits", "%v", err)

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
@@ -17,6 +19,16 @@ const RateLimitsOff = "off"
 // in-flight byte budget (and, separately, for a getRepo export slot)
 // before the next is refused with 503.
 const DefaultInflightQueue = budget.DefaultMaxQueue
+
+// DefaultBackgroundMaxPause is how long, at most, a background stream (a
+// getRepo export, a blob download) pauses before each chunk while writes
+// are in flight.
+const DefaultBackgroundMaxPause = priority.DefaultMaxPause
+
+// MaxBackgroundMaxPause is the largest --background-max-pause accepted:
+// under a steady stream of writes an export moves one chunk per pause, so
+// a long one would stall exports rather than slow them.
+const MaxBackgroundMaxPause = time.Second
 
 // RateLimitPolicies returns the rate-limit policies in force: the reference
 // PDS's (ratelimit.DefaultPolicies) with the overrides of RateLimits

@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/ipfs/go-cid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -220,20 +221,6 @@ func writePoints(writes []repo.Write) int {
 	return n
 }
 
-// apply is repo.Engine.Apply for the write handlers: it charges the
-// account's write points first (429 before any database work) and counts
-// the commit once it is durable.
-func (s *Server) apply(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid) (*repo.CommitResult, error) {
-	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
-		return nil, err
-	}
-	res, err := s.repo.Apply(r.Context(), did, writes, swapCommit)
-	if err == nil {
-		metrics.Commits.Inc()
-	}
-	return res, err
-}
-
 // reserve takes n bytes from the in-flight budget, waiting its turn; it
 // fails at once with ServiceOverloaded when the wait queue is full. Call
 // it before the work, and defer the release.
@@ -295,3 +282,50 @@ func (s *Server) observeRequest(r *http.Request, status int, hijacked bool, elap
 // ExportSlots returns the budget that bounds concurrent getRepo exports
 // (one unit per export), for metrics; nil when unbounded.
 func (s *Server) ExportSlots() *budget.Budget { return s.protect.exports }
+
+// Writes first: the pauses background streams take while writes are in
+// flight (package priority), in the metrics. They live here rather than in
+// package metrics because only the gates New makes report them.
+var (
+	backgroundPauses = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "bulwark", Subsystem: "priority", Name: "background_pauses_total",
+		Help: "Chunks of background streams (getRepo exports, blob downloads) held back while writes were in flight.",
+	})
+	backgroundPauseTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "bulwark", Subsystem: "priority", Name: "background_pause_timeouts_total",
+		Help: "Background pauses that ended at the maximum pause with writes still in flight.",
+	})
+	backgroundPauseSeconds = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "bulwark", Subsystem: "priority", Name: "background_pause_seconds_total",
+		Help: "Time background streams spent paused while writes were in flight.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(backgroundPauses, backgroundPauseTimeouts, backgroundPauseSeconds)
+}
+
+func observeBackgroundPause(d time.Duration, timedOut bool) {
+	backgroundPauses.Inc()
+	backgroundPauseSeconds.Add(d.Seconds())
+	if timedOut {
+		backgroundPauseTimeouts.Inc()
+	}
+}
+
+// newPriorityGate is the gate of opts: Options.Priority as given, or a new
+// one pausing at most Options.BackgroundMaxPause (zero: the configured
+// --background-max-pause, whose zero is never).
+func newPriorityGate(opts Options) *priority.Gate {
+	if opts.Priority != nil {
+		return opts.Priority
+	}
+	pause := opts.BackgroundMaxPause
+	if pause == 0 && opts.Config != nil {
+		pause = opts.Config.BackgroundMaxPause
+	}
+	if pause == 0 {
+		pause = -1 // priority.Config's "never"
+	}
+	return priority.New(priority.Config{MaxPause: pause, OnPause: observeBackgroundPause})
+}

@@ -40,6 +40,7 @@ import (
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -99,6 +100,17 @@ type Options struct {
 	// a Postgres connection while the client reads. Zero means a quarter
 	// of DB's pool; negative means no bound.
 	ExportSlots int
+	// BackgroundMaxPause bounds how long a background stream (a getRepo
+	// export, a blob download) pauses, before each chunk it sends, while
+	// writes are in flight ("writes first", package priority). Zero means
+	// Config.BackgroundMaxPause (itself zero for never); negative means
+	// never pause.
+	BackgroundMaxPause time.Duration
+	// Priority, when set, is the gate writes enter and streams yield to,
+	// used as given (tests; or shared with other background work). Nil
+	// means New makes one from BackgroundMaxPause whose pauses are
+	// counted in the bulwark_priority_* metrics.
+	Priority *priority.Gate
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -136,6 +148,8 @@ type Server struct {
 
 	// protect holds the rate limits and budgets (limits.go).
 	protect protection
+	// priority is what writes enter and background streams yield to.
+	priority *priority.Gate
 }
 
 // New builds a Server and registers its routes.
@@ -166,6 +180,7 @@ func New(opts Options) (*Server, error) {
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
 	s.blobs = opts.Blobs
 	s.protect = newProtection(opts)
+	s.priority = newPriorityGate(opts)
 	if opts.Firehose != nil {
 		s.firehose = opts.Firehose
 		s.subscribeAdmission = newSubscribeAdmission(opts)
@@ -189,6 +204,8 @@ func (s *Server) routes() {
 	s.registerRepoRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
+	// Writes first: background streams pause while these are in flight.
+	s.foreground(foregroundMethods...)
 
 	// com.atproto.server
 	s.query("com.atproto.server.describeServer", s.handleDescribeServer)
@@ -204,6 +221,40 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
+
+// foregroundMethods are the writes that background streams (getRepo
+// exports, blob downloads) give way to: a user's post must not wait behind
+// a scraper's 25 MB CAR for the CPU.
+var foregroundMethods = []string{
+	"com.atproto.repo.createRecord",
+	"com.atproto.repo.putRecord",
+	"com.atproto.repo.deleteRecord",
+	"com.atproto.repo.applyWrites",
+	"com.atproto.repo.uploadBlob",
+}
+
+// foreground makes the registered methods among nsids foreground work:
+// their handlers run inside the priority gate. It wraps the handler, not
+// the route, so that a request refused before its handler (a method not
+// allowed, the global rate limit) holds nothing back.
+func (s *Server) foreground(nsids ...string) {
+	for _, nsid := range nsids {
+		m := s.methods[nsid]
+		if m == nil {
+			continue // not served by this configuration
+		}
+		h := m.handler
+		m.handler = func(w http.ResponseWriter, r *http.Request) error {
+			leave := s.priority.Enter()
+			defer leave()
+			return h(w, r)
+		}
+	}
+}
+
+// Priority is the gate writes enter and background streams yield to
+// (package priority).
+func (s *Server) Priority() *priority.Gate { return s.priority }
 
 // Handler is the whole HTTP surface with its middleware, for an
 // http.Server or httptest.

@@ -21,6 +21,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -157,6 +158,10 @@ func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Content-Type", carContentType)
 	sw := newStreamWriter(w)
+	// An export is background work: before each chunk it gives way to
+	// writes in flight (for a bounded pause), and while it waits the
+	// export itself (the database reads that fill the buffer) waits too.
+	sw.background(r.Context(), s.priority)
 	bw := bufio.NewWriterSize(sw, streamBuffer)
 	err := s.repo.ExportCAR(r.Context(), did, since, bw)
 	if err == nil {
@@ -448,6 +453,7 @@ func (s *Server) handleGetBlob(w http.ResponseWriter, r *http.Request) error {
 	// Content-addressed: the bytes under this URL never change.
 	h.Set("Cache-Control", "public, max-age=31536000, immutable")
 	sw := newStreamWriter(w)
+	sw.background(r.Context(), s.priority)
 	http.ServeContent(sw, r, "", time.Time{}, rc)
 	if sw.err != nil {
 		return s.endStream(r, sw, sw.err)
@@ -478,21 +484,38 @@ func (b *carBuffer) Write(p []byte) (int, error) {
 // before each write it pushes the connection's write deadline forward, so a
 // client that keeps reading is served however long it takes and one that
 // stops is dropped after streamWriteTimeout. It remembers the first write
-// error.
+// error. Made background, it yields to foreground work (priority.Gate)
+// before each write: the pause comes before the write deadline is set, so
+// it never counts against the client.
 type streamWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
 	started bool
 	err     error
+	// gate and ctx, when gate is set, make the stream background work.
+	gate *priority.Gate
+	ctx  context.Context
 }
 
 func newStreamWriter(w http.ResponseWriter) *streamWriter {
 	return &streamWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
 }
 
+// background makes the stream yield to gate's foreground work before each
+// write, until ctx (the request's) ends.
+func (sw *streamWriter) background(ctx context.Context, gate *priority.Gate) {
+	sw.ctx, sw.gate = ctx, gate
+}
+
 func (sw *streamWriter) Write(p []byte) (int, error) {
 	if sw.err != nil {
 		return 0, sw.err
+	}
+	if sw.gate != nil {
+		if err := sw.gate.Yield(sw.ctx); err != nil {
+			sw.err = err
+			return 0, err
+		}
 	}
 	_ = sw.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 	sw.started = true
@@ -501,6 +524,13 @@ func (sw *streamWriter) Write(p []byte) (int, error) {
 		sw.err = err
 	}
 	return n, err
+}
+
+// WriteHeader commits the response (http.ServeContent sends its status
+// first): from here on, an error can only cut the stream off.
+func (sw *streamWriter) WriteHeader(code int) {
+	sw.started = true
+	sw.ResponseWriter.WriteHeader(code)
 }
 
 // Unwrap exposes the underlying writer to http.ResponseController.

@@ -19,7 +19,10 @@ type repoState struct {
 	data   cid.Cid
 	tree   *mst.Tree
 	nodes  nodeSource
-	size   int64
+	// kids caches the child node CIDs of nodes (a subset of them), so
+	// finding the nodes a commit drops need not decode them again.
+	kids map[cid.Cid][]cid.Cid
+	size int64
 }
 
 // treeCache keeps recently written repositories' trees, bounded by node

@@ -35,7 +35,6 @@ var queries = db.MustParseQueries(queriesSQL)
 var (
 	qLockRoot         = queries.MustGet("LockRoot")
 	qInsertRoot       = queries.MustGet("InsertRoot")
-	qUpdateRoot       = queries.MustGet("UpdateRoot")
 	qGetHead          = queries.MustGet("GetHead")
 	qLoadNodes        = queries.MustGet("LoadNodes")
 	qGetNode          = queries.MustGet("GetNode")
@@ -53,6 +52,7 @@ var (
 	qCountRecords     = queries.MustGet("CountRecords")
 	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
 	qSwapRoot         = queries.MustGet("SwapRoot")
+	qCommit           = queries.MustGet("Commit")
 	qDeleteRepo       = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -106,6 +106,9 @@ type Config struct {
 	// first write to its commit: the simple alternative to the sequencer,
 	// kept only so the benchmarks can compare the two.
 	globalLock bool
+	// perStatement sends a commit's statements one by one in its batch
+	// instead of one bulwark_commit call, for the benchmarks' comparison.
+	perStatement bool
 }
 
 // Engine reads and writes repositories.
@@ -120,14 +123,15 @@ type Engine struct {
 	writersMu sync.Mutex
 	writers   map[string]int
 
-	globalLock bool
-	blobs      BlobTracker
-	pool       *pgxpool.Pool
-	keys       KeySource
-	waker      Waker
-	cache      *treeCache
-	clock      *syntax.TIDClock
-	log        *slog.Logger
+	globalLock   bool
+	perStatement bool
+	blobs        BlobTracker
+	pool         *pgxpool.Pool
+	keys         KeySource
+	waker        Waker
+	cache        *treeCache
+	clock        *syntax.TIDClock
+	log          *slog.Logger
 }
 
 // New returns an engine over pool. waker may be nil.
@@ -139,15 +143,16 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		cfg.Logger = slog.Default()
 	}
 	return &Engine{
-		writers:    map[string]int{},
-		globalLock: cfg.globalLock,
-		blobs:      cfg.Blobs,
-		pool:       pool,
-		keys:       keys,
-		waker:      waker,
-		cache:      newTreeCache(cfg.CacheBytes),
-		clock:      syntax.NewTIDClock(0),
-		log:        cfg.Logger.With("component", "repo"),
+		writers:      map[string]int{},
+		globalLock:   cfg.globalLock,
+		perStatement: cfg.perStatement,
+		blobs:        cfg.Blobs,
+		pool:         pool,
+		keys:         keys,
+		waker:        waker,
+		cache:        newTreeCache(cfg.CacheBytes),
+		clock:        syntax.NewTIDClock(0),
+		log:          cfg.Logger.With("component", "repo"),
 	}
 }
 
@@ -410,7 +415,7 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 	}
 	built := st.commit
 	p, err := e.plan(ctx, st, did, key, writes)
-	if err != nil || p.batch == nil {
+	if err != nil || p.rows == nil {
 		// The cached state may be stale: let the locked path decide.
 		return nil, nil, false, nil
 	}
@@ -418,8 +423,7 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 	if guard != nil {
 		b.Queue(guard.SQL, guard.Args...)
 	}
-	b.Queue(qSwapRoot, did.String(), built.Bytes(), p.root.commitCID, p.root.commit, p.root.data, p.root.rev)
-	b.QueuedQueries = append(b.QueuedQueries, p.batch.QueuedQueries...)
+	e.queue(b, p.rows, built.Bytes())
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == errRootMoved {
@@ -491,7 +495,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	if err != nil {
 		return nil, nil, err
 	}
-	if p.batch == nil {
+	if p.rows == nil {
 		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 			return nil, nil, fmt.Errorf("ending an empty commit: %w", db.Translate(err))
 		}
@@ -504,24 +508,22 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 			return nil, nil, err
 		}
 	}
-	p.batch.Queue(qUpdateRoot, did.String(), p.root.commitCID, p.root.commit, p.root.data, p.root.rev)
-	p.batch.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, p.batch).Close(); err != nil {
+	b := &pgx.Batch{}
+	e.queue(b, p.rows, commitRaw)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
 	}
 	p.finish()
 	return p.res, st, nil
 }
 
-// commitPlan is a commit worked out from a repo state: its result, the
-// batch that stores its blocks, records and event (nil when nothing
-// changes), the new root row (which the caller stores, guarded or not), the
-// records' blob references, and finish, which brings the state up to the
-// new commit once it is stored.
+// commitPlan is a commit worked out from a repo state: its result, the rows
+// it stores (nil when nothing changes), the records' blob references, and
+// finish, which brings the state up to the new commit once it is stored.
 type commitPlan struct {
 	res         *CommitResult
-	batch       *pgx.Batch
-	root        rootRow
+	rows        *commitRows
 	blobChanges []RecordBlobs
 	finish      func()
 }
@@ -654,39 +656,24 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
 	}
 
-	removed, err := removedNodes(st.nodes, oldData, diff)
+	removed, newKids, err := st.removedNodes(oldData, diff)
 	if err != nil {
 		return nil, err
 	}
 
-	batch := &pgx.Batch{}
-	if e.globalLock {
-		batch.Queue(qGlobalCommitLock)
+	rows := &commitRows{did: did.String(), rev: rev, ev: ev,
+		root:     rootRow{commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(), rev: rev},
+		nodeCIDs: nodeCIDs, nodeData: nodeData, rmNodes: make([][]byte, len(removed))}
+	for i, c := range removed {
+		rows.rmNodes[i] = c.Bytes()
 	}
-	if len(removed) > 0 {
-		rm := make([][]byte, len(removed))
-		for i, c := range removed {
-			rm[i] = c.Bytes()
-		}
-		batch.Queue(qDeleteNodes, did.String(), rm)
+	for _, w := range deletes {
+		rows.delCols, rows.delRKeys = append(rows.delCols, string(w.Collection)), append(rows.delRKeys, string(w.RKey))
 	}
-	batch.Queue(qInsertNodes, did.String(), nodeCIDs, rev, nodeData)
-	if len(deletes) > 0 {
-		cols, rkeys := make([]string, len(deletes)), make([]string, len(deletes))
-		for i, w := range deletes {
-			cols[i], rkeys[i] = string(w.Collection), string(w.RKey)
-		}
-		batch.Queue(qDeleteRecords, did.String(), cols, rkeys)
+	for _, w := range upserts {
+		rows.upCols, rows.upRKeys = append(rows.upCols, string(w.Collection)), append(rows.upRKeys, string(w.RKey))
+		rows.upCIDs, rows.upData = append(rows.upCIDs, w.cid.Bytes()), append(rows.upData, w.block)
 	}
-	if len(upserts) > 0 {
-		n := len(upserts)
-		cols, rkeys, cids, datas := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n)
-		for i, w := range upserts {
-			cols[i], rkeys[i], cids[i], datas[i] = string(w.Collection), string(w.RKey), w.cid.Bytes(), w.block
-		}
-		batch.Queue(qUpsertRecords, did.String(), rev, cols, rkeys, cids, datas)
-	}
-	firehose.QueueAppend(batch, ev)
 	var changes []RecordBlobs
 	if e.blobs != nil {
 		changes = make([]RecordBlobs, 0, len(upserts)+len(deletes))
@@ -701,6 +688,13 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		for _, c := range removed {
 			st.size -= int64(len(st.nodes[c]))
 			delete(st.nodes, c)
+			delete(st.kids, c)
+		}
+		if st.kids == nil {
+			st.kids = make(map[cid.Cid][]cid.Cid, len(newKids))
+		}
+		for c, kids := range newKids {
+			st.kids[c] = kids
 		}
 		for _, b := range diff.blocks {
 			if _, ok := st.nodes[b.Cid()]; !ok {
@@ -712,8 +706,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	}
 	return &commitPlan{
 		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: results},
-		batch:       batch,
-		root:        rootRow{commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(), rev: rev},
+		rows:        rows,
 		blobChanges: changes,
 		finish:      finish,
 	}, nil
@@ -724,6 +717,52 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 type rootRow struct {
 	commitCID, commit, data []byte
 	rev                     string
+}
+
+// commitRows is everything one commit stores: MST nodes dropped and
+// written, records deleted and upserted, the new root, the event.
+type commitRows struct {
+	did, rev           string
+	rmNodes            [][]byte
+	nodeCIDs, nodeData [][]byte
+	delCols, delRKeys  []string
+	upCols, upRKeys    []string
+	upCIDs, upData     [][]byte
+	root               rootRow
+	ev                 *firehose.Encoded
+}
+
+// queue adds the statements that store c to b, moving the repo's root from
+// commit old (the commit fails with SQLSTATE BW001 if the root is not
+// there). By default that is one call of bulwark_commit (migrations/00008),
+// which runs the statements server-side; Config.perStatement sends them one
+// by one instead (the benchmarks' comparison).
+func (e *Engine) queue(b *pgx.Batch, c *commitRows, old []byte) {
+	if e.globalLock {
+		b.Queue(qGlobalCommitLock)
+	}
+	if !e.perStatement {
+		var evRev *string
+		if c.ev.Rev != "" {
+			evRev = &c.ev.Rev
+		}
+		b.Queue(qCommit, c.did, old, c.root.commitCID, c.root.commit, c.root.data, c.rev,
+			c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
+			string(c.ev.Kind), evRev, c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount)
+		return
+	}
+	b.Queue(qSwapRoot, c.did, old, c.root.commitCID, c.root.commit, c.root.data, c.rev)
+	if len(c.rmNodes) > 0 {
+		b.Queue(qDeleteNodes, c.did, c.rmNodes)
+	}
+	b.Queue(qInsertNodes, c.did, c.nodeCIDs, c.rev, c.nodeData)
+	if len(c.delCols) > 0 {
+		b.Queue(qDeleteRecords, c.did, c.delCols, c.delRKeys)
+	}
+	if len(c.upCols) > 0 {
+		b.Queue(qUpsertRecords, c.did, c.rev, c.upCols, c.upRKeys, c.upCIDs, c.upData)
+	}
+	firehose.QueueAppend(b, c.ev)
 }
 
 // nextRev returns a TID above both the clock and the previous rev, so revs
@@ -776,21 +815,26 @@ func (e *Engine) loadState(ctx context.Context, q DBTX, did string, data cid.Cid
 	return &repoState{did: did, data: data, tree: tree, nodes: nodes, size: size}, nil
 }
 
-// removedNodes returns the nodes of the old tree (rooted at oldRoot, bytes in
-// old) that the new tree no longer contains. The new tree's nodes are the
-// written diff plus unchanged subtrees those reference, so an old node is
-// kept exactly when it was rewritten or a rewritten node points at it; the
-// walk descends only through dropped nodes, so it costs about as much as the
-// diff itself.
-func removedNodes(old nodeSource, oldRoot cid.Cid, diff *diffCollector) ([]cid.Cid, error) {
+// removedNodes returns the nodes of st's tree before this commit (rooted
+// at oldRoot) that the new tree no longer contains, and the children of the
+// commit's new nodes. The new tree's nodes are the written diff plus
+// unchanged subtrees those reference, so an old node is kept exactly when
+// it was rewritten or a rewritten node points at it; the walk descends only
+// through dropped nodes, so it costs about as much as the diff itself. Old
+// nodes' children come from st.kids (filled as nodes are written, or on
+// first use), so a commit decodes only the nodes it writes.
+func (st *repoState) removedNodes(oldRoot cid.Cid, diff *diffCollector) ([]cid.Cid, map[cid.Cid][]cid.Cid, error) {
 	kept := make(map[cid.Cid]bool, len(diff.blocks)*3)
+	newKids := make(map[cid.Cid][]cid.Cid, len(diff.blocks))
 	for _, b := range diff.blocks {
 		kept[b.Cid()] = true
 		nd, err := mst.NodeDataFromCBOR(bytes.NewReader(b.RawData()))
 		if err != nil {
-			return nil, fmt.Errorf("decoding new MST node: %w", err)
+			return nil, nil, fmt.Errorf("decoding new MST node: %w", err)
 		}
-		for _, c := range nodeChildren(nd) {
+		kids := nodeChildren(nd)
+		newKids[b.Cid()] = kids
+		for _, c := range kids {
 			kept[c] = true
 		}
 	}
@@ -803,17 +847,34 @@ func removedNodes(old nodeSource, oldRoot cid.Cid, diff *diffCollector) ([]cid.C
 			continue
 		}
 		removed = append(removed, c)
-		data, ok := old[c]
-		if !ok {
-			return nil, fmt.Errorf("%w: old MST node %s missing", ErrCorruptRepo, c)
-		}
-		nd, err := mst.NodeDataFromCBOR(bytes.NewReader(data))
+		kids, err := st.children(c)
 		if err != nil {
-			return nil, fmt.Errorf("%w: decoding old MST node %s: %v", ErrCorruptRepo, c, err)
+			return nil, nil, err
 		}
-		stack = append(stack, nodeChildren(nd)...)
+		stack = append(stack, kids...)
 	}
-	return removed, nil
+	return removed, newKids, nil
+}
+
+// children returns the child nodes of node c of st's tree.
+func (st *repoState) children(c cid.Cid) ([]cid.Cid, error) {
+	if kids, ok := st.kids[c]; ok {
+		return kids, nil
+	}
+	data, ok := st.nodes[c]
+	if !ok {
+		return nil, fmt.Errorf("%w: old MST node %s missing", ErrCorruptRepo, c)
+	}
+	nd, err := mst.NodeDataFromCBOR(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding old MST node %s: %v", ErrCorruptRepo, c, err)
+	}
+	kids := nodeChildren(nd)
+	if st.kids == nil {
+		st.kids = make(map[cid.Cid][]cid.Cid)
+	}
+	st.kids[c] = kids
+	return kids, nil
 }
 
 func nodeChildren(nd *mst.NodeData) []cid.Cid {

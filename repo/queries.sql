@@ -6,11 +6,6 @@ INSERT INTO repo_roots (did, commit_cid, commit_data, data_cid, rev)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (did) DO NOTHING;
 
--- name: UpdateRoot
-UPDATE repo_roots
-SET commit_cid = $2, commit_data = $3, data_cid = $4, rev = $5, updated_at = now()
-WHERE did = $1;
-
 -- name: GetHead
 SELECT commit_cid, commit_data, data_cid, rev FROM repo_roots WHERE did = $1;
 
@@ -106,6 +101,10 @@ DELETE FROM repo_nodes WHERE did = $1;
 
 -- name: DeleteRepoRoot
 DELETE FROM repo_roots WHERE did = $1;
+
+-- name: Commit
+-- A whole commit in one statement: bulwark_commit (migrations/00008).
+SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21);
 
 -- name: SwapRoot
 -- Moves the root from commit $2 to $3 (taking the row lock), or raises

@@ -14,6 +14,17 @@
 // With --pid it samples the server's CPU and RSS from /proc, including a
 // cooldown after the load stops, to show memory returning to baseline.
 //
+// With --attack-nice N the attack scenarios (flood, relays, scrape) run in
+// a child process (this binary again) at nice N, while the writer and the
+// sampler stay here at normal priority: on a one-machine test the load
+// generator must not take the CPU that a remote fleet of scrapers would
+// not take from the server. --honor-retry-after makes the scrapers wait
+// as a well-behaved client would on 429 and 503; by default they retry at
+// once, as the abusive ones did.
+//
+// "bulwark-load seed" creates an account (or logs in to it) and writes
+// records to it with applyWrites: the repository the scrapers fetch.
+//
 //	bulwark-load --url http://127.0.0.1:2583 --duration 2m \
 //	  --did did:plc:... --source-addrs 127.0.0.2-127.0.0.201 --scrapers 8 \
 //	  --relays 9 --flood-conns 32 --handle alice.test --password hunter2 \
@@ -31,6 +42,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -66,6 +78,17 @@ type options struct {
 	collection  string
 	interval    time.Duration
 	pid         int
+	// attack, when set (--attack-nice), runs flood, relays and scrape in
+	// a child process at nice attack.nice; unset (the zero value), all
+	// runs in this process.
+	attack          attackNice
+	honorRetryAfter bool
+
+	// Not flags: how the attack child is started (tests replace the
+	// executable, and add to the environment), and where its log goes.
+	selfExe     string
+	childEnv    []string
+	childStderr io.Writer
 }
 
 // envDefault makes every flag settable as BULWARK_LOAD_<NAME>: flags win,
@@ -84,7 +107,42 @@ func envDefault(fs *flag.FlagSet) error {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "seed":
+			return runSeed(ctx, args[1:], stdout, stderr)
+		case attackRole:
+			return runAttackChild(ctx, args[1:], stdout, stderr)
+		}
+	}
 	var o options
+	fs := newFlagSet(&o, stderr)
+	if err := envDefault(fs); err != nil {
+		fmt.Fprintln(stderr, "bulwark-load:", err)
+		return 2
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bulwark-load: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	o.childStderr = stderr
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	if err := load(ctx, o, stdout, logger); err != nil {
+		fmt.Fprintln(stderr, "bulwark-load:", err)
+		return 1
+	}
+	return 0
+}
+
+// newFlagSet declares the load flags into o. The attack child parses the
+// same set, so that it reads its share of them the same way.
+func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("bulwark-load", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.url, "url", "http://127.0.0.1:2583", "base URL of the PDS under test")
@@ -104,6 +162,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.collection, "collection", "app.bsky.feed.post", "write: collection of the records written")
 	fs.DurationVar(&o.interval, "write-interval", 100*time.Millisecond, "write: time between writes (0 = back to back)")
 	fs.IntVar(&o.pid, "pid", 0, "sample this server process's CPU and RSS from /proc")
+	fs.Var(&o.attack, "attack-nice", "run flood, relays and scrape in a child process at this nice value (0-19; 19 = lowest priority), the writer and sampler staying here at normal priority (default: all in this process)")
+	fs.BoolVar(&o.honorRetryAfter, "honor-retry-after", false, "scrape: wait Retry-After (plus up to half again, at random) after a 429 or 503, as a well-behaved client would; default: retry at once, as abusive scrapers do")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `bulwark-load replays abuse incidents against a PDS and prints the server's answers.
 
@@ -115,68 +175,104 @@ Scenarios: flood (subscribeRepos upgrade flood from one client), relays
 scrape (getRepo/getBlob fleet from many source addresses), write
 (createRecord p50/p99, idle first, then under load).
 
+  bulwark-load seed [flags]   create an account and write records to it
+                              ("bulwark-load seed -h" for its flags)
+
 Flags (each also BULWARK_LOAD_<FLAG>, e.g. BULWARK_LOAD_URL):
 `)
 		fs.PrintDefaults()
 	}
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "bulwark-load: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	if err := load(ctx, o, stdout, logger); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load:", err)
-		return 1
-	}
-	return 0
+	return fs
 }
 
-func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger) error {
+// plan is what options ask for, parsed: the scenarios to run and their
+// targets.
+type plan struct {
+	base     *url.URL
+	want     map[string]bool
+	sources  []netip.Addr
+	blobCIDs []string
+}
+
+// attackScenarios are the scenarios --attack-nice moves to the child
+// process, in the order they are reported.
+var attackScenarios = []string{"flood", "relays", "scrape"}
+
+func parsePlan(o options, logger *slog.Logger) (*plan, error) {
 	base, err := url.Parse(strings.TrimSuffix(o.url, "/"))
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return fmt.Errorf("--url %q: want http(s)://host[:port]", o.url)
+		return nil, fmt.Errorf("--url %q: want http(s)://host[:port]", o.url)
 	}
-	want := map[string]bool{}
+	p := &plan{base: base, want: map[string]bool{}}
 	for s := range strings.SplitSeq(o.scenarios, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "flood", "relays", "scrape", "write":
-			want[s] = true
+			p.want[s] = true
 		case "":
 		default:
-			return fmt.Errorf("--scenarios: unknown scenario %q", s)
+			return nil, fmt.Errorf("--scenarios: unknown scenario %q", s)
 		}
 	}
-	if want["scrape"] && o.did == "" {
+	if p.want["scrape"] && o.did == "" {
 		logger.Warn("scrape scenario skipped: no --did")
-		delete(want, "scrape")
+		delete(p.want, "scrape")
 	}
-	if want["write"] && (o.handle == "" || o.password == "") {
+	if p.want["write"] && (o.handle == "" || o.password == "") {
 		logger.Warn("write scenario skipped: no --handle/--password")
-		delete(want, "write")
+		delete(p.want, "write")
 	}
-	if len(want) == 0 {
-		return errors.New("nothing to run")
+	if len(p.want) == 0 {
+		return nil, errors.New("nothing to run")
 	}
-	sources, err := parseSourceAddrs(o.sourceAddrs)
-	if err != nil {
-		return fmt.Errorf("--source-addrs: %w", err)
+	if p.sources, err = parseSourceAddrs(o.sourceAddrs); err != nil {
+		return nil, fmt.Errorf("--source-addrs: %w", err)
 	}
-	var blobCIDs []string
 	for c := range strings.SplitSeq(o.blobCIDs, ",") {
 		if c = strings.TrimSpace(c); c != "" {
-			blobCIDs = append(blobCIDs, c)
+			p.blobCIDs = append(p.blobCIDs, c)
 		}
 	}
+	return p, nil
+}
+
+// attacks are the wanted attack scenarios.
+func (p *plan) attacks() []string {
+	var out []string
+	for _, name := range attackScenarios {
+		if p.want[name] {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// startAttacks starts the wanted attack scenarios in wg, each recording
+// into recs[name], until ctx ends.
+func startAttacks(ctx context.Context, wg *sync.WaitGroup, o options, p *plan, recs map[string]*recorder) {
+	start := func(name string, f func(context.Context, *recorder)) {
+		if !p.want[name] {
+			return
+		}
+		rec := recs[name]
+		rec.begin()
+		wg.Go(func() {
+			f(ctx, rec)
+			rec.finish()
+		})
+	}
+	start("flood", func(ctx context.Context, r *recorder) { runFlood(ctx, p.base, o.floodConns, r) })
+	start("relays", func(ctx context.Context, r *recorder) { runRelays(ctx, p.base, o.relays, o.cursor, r) })
+	start("scrape", func(ctx context.Context, r *recorder) {
+		runScrapers(ctx, scrapeTargets(p.base, o.did, p.blobCIDs), p.sources, o.scrapers, o.honorRetryAfter, r)
+	})
+}
+
+func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger) error {
+	p, err := parsePlan(o, logger)
+	if err != nil {
+		return err
+	}
+	base, want := p.base, p.want
 
 	var sampler *procSampler
 	if o.pid > 0 {
@@ -188,10 +284,10 @@ func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger)
 		defer cancel()
 		go sampler.run(sctx)
 	}
-	setPhase := func(p string) {
-		logger.Info("phase", "name", p)
+	setPhase := func(name string) {
+		logger.Info("phase", "name", name)
 		if sampler != nil {
-			sampler.setPhase(p)
+			sampler.setPhase(name)
 		}
 	}
 
@@ -226,29 +322,47 @@ func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger)
 		"write":  newRecorder("write (load)"),
 	}
 	setPhase("load")
+	selfCPU := cpuClock()
 	lctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	var wg sync.WaitGroup
-	start := func(name string, f func(context.Context, *recorder)) {
-		if !want[name] {
-			return
+	var child *attackChild
+	if attacks := p.attacks(); o.attack.set && len(attacks) > 0 {
+		// The child runs for --duration on its own clock; it is stopped
+		// early (with its report) only if this process is interrupted.
+		child, err = startAttackChild(ctx, o, attacks, logger)
+		if err != nil {
+			return fmt.Errorf("start the attack process: %w", err)
 		}
-		rec := recs[name]
+	} else {
+		startAttacks(lctx, &wg, o, p, recs)
+	}
+	if want["write"] {
+		rec := recs["write"]
 		rec.begin()
 		wg.Go(func() {
-			f(lctx, rec)
+			w.run(lctx, o.interval, rec)
 			rec.finish()
 		})
 	}
-	start("flood", func(ctx context.Context, r *recorder) { runFlood(ctx, base, o.floodConns, r) })
-	start("relays", func(ctx context.Context, r *recorder) { runRelays(ctx, base, o.relays, o.cursor, r) })
-	start("scrape", func(ctx context.Context, r *recorder) {
-		runScrapers(ctx, scrapeTargets(base, o.did, blobCIDs), sources, o.scrapers, r)
-	})
-	start("write", func(ctx context.Context, r *recorder) { w.run(ctx, o.interval, r) })
 	go progress(lctx, logger, recs)
 	wg.Wait()
-	interrupted := ctx.Err() != nil
+	var childErr error
+	var report *attackReport
+	if child != nil {
+		report, childErr = child.wait()
+		if childErr != nil {
+			logger.Error("attack process failed; its scenarios are missing from the report", "error", childErr)
+		} else {
+			for _, rr := range report.Recorders {
+				if r := recs[rr.Key]; r != nil {
+					r.load(rr)
+				}
+			}
+		}
+	}
+	selfUse := selfCPU.since()
+	interrupted := ctx.Err() != nil || (report != nil && report.Interrupted)
 	if sampler != nil {
 		sampler.sample() // the end of the load phase
 	}
@@ -273,13 +387,15 @@ func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger)
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, sampler.summary())
 	}
+	fmt.Fprintln(stdout)
+	printLoadToolCPU(stdout, selfUse, child != nil, report)
 	if want["write"] {
 		p99Idle, p99Load := idle.ok.quantile(0.99), recs["write"].ok.quantile(0.99)
 		if p99Idle > 0 && p99Load > 0 {
 			fmt.Fprintf(stdout, "\nwrite p99 under load / idle: %.2fx (acceptance: <= 3x)\n", float64(p99Load)/float64(p99Idle))
 		}
 	}
-	return nil
+	return childErr
 }
 
 // progress logs the running counts every 10 seconds, so that a long run
@@ -296,6 +412,9 @@ func progress(ctx context.Context, logger *slog.Logger, recs map[string]*recorde
 		var attrs []any
 		for _, name := range []string{"flood", "relays", "scrape", "write"} {
 			r := recs[name]
+			if r == nil {
+				continue
+			}
 			r.mu.Lock()
 			total := 0
 			for _, n := range r.outcomes {

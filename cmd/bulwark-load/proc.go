@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,3 +157,89 @@ func (p *procSampler) summary() string {
 }
 
 func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// cpuMark is this process's CPU time at an instant, to measure what the
+// load tool itself uses.
+type cpuMark struct {
+	cpu float64
+	at  time.Time
+	err error
+}
+
+func cpuClock() cpuMark {
+	cpu, _, err := readProc(os.Getpid())
+	return cpuMark{cpu: cpu, at: time.Now(), err: err}
+}
+
+// cpuUse is CPU seconds used over wall seconds.
+type cpuUse struct {
+	seconds, wall float64
+	ok            bool
+}
+
+func (m cpuMark) since() cpuUse {
+	now := cpuClock()
+	if m.err != nil || now.err != nil {
+		return cpuUse{}
+	}
+	return cpuUse{seconds: now.cpu - m.cpu, wall: now.at.Sub(m.at).Seconds(), ok: true}
+}
+
+// cores is the average number of cores busy.
+func (u cpuUse) cores() float64 {
+	if u.wall <= 0 {
+		return 0
+	}
+	return u.seconds / u.wall
+}
+
+// threadNice returns the nice value of each of pid's threads (field 19 of
+// /proc/PID/task/TID/stat): on Linux the nice value is a thread's, so a
+// process is only as low-priority as its least nice thread.
+func threadNice(pid int) ([]int, error) {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, path := range stats {
+		n, err := taskNice(path)
+		if errors.Is(err, errThreadGone) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no threads found for pid %d", pid)
+	}
+	return out, nil
+}
+
+// errThreadGone is taskNice's error for a thread that has ended.
+var errThreadGone = errors.New("thread ended")
+
+// taskNice reads the nice value (field 19) of a /proc/PID/task/TID/stat.
+func taskNice(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", errThreadGone, err)
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: unexpected format", path)
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is field 3 (state); nice is field 19.
+	if len(fields) < 17 {
+		return 0, fmt.Errorf("%s: too few fields", path)
+	}
+	n, err := strconv.Atoi(fields[16])
+	if err != nil {
+		return 0, fmt.Errorf("%s: bad nice value", path)
+	}
+	return n, nil
+}

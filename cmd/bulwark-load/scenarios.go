@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -187,8 +188,11 @@ func scrapeTargets(base *url.URL, did string, blobCIDs []string) []string {
 
 // runScrapers is the scraper fleet: perSource concurrent GETs from each
 // source address (or from the default address when sources is empty),
-// cycling through targets, reading every body to the end.
-func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, perSource int, rec *recorder) {
+// cycling through targets, reading every body to the end. With
+// honorRetryAfter a scraper refused with 429 or 503 waits as its
+// Retry-After says (retryDelay) before its next request; without, it
+// asks again at once.
+func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, perSource int, honorRetryAfter bool, rec *recorder) {
 	if len(sources) == 0 {
 		sources = []netip.Addr{{}}
 	}
@@ -206,7 +210,10 @@ func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, pe
 		for w := range perSource {
 			wg.Go(func() {
 				for i := w; ctx.Err() == nil; i++ {
-					scrapeOnce(ctx, client, targets[i%len(targets)], rec)
+					code, retryAfter := scrapeOnce(ctx, client, targets[i%len(targets)], rec)
+					if honorRetryAfter && (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) {
+						sleep(ctx, retryDelay(retryAfter, time.Now()))
+					}
 				}
 			})
 		}
@@ -214,11 +221,13 @@ func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, pe
 	wg.Wait()
 }
 
-func scrapeOnce(ctx context.Context, client *http.Client, target string, rec *recorder) {
+// scrapeOnce fetches target once and records the outcome. It returns the
+// status (0 for none) and the response's Retry-After header.
+func scrapeOnce(ctx context.Context, client *http.Client, target string, rec *recorder) (int, string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		rec.failure(err)
-		return
+		return 0, ""
 	}
 	start := time.Now()
 	resp, err := client.Do(req)
@@ -226,19 +235,52 @@ func scrapeOnce(ctx context.Context, client *http.Client, target string, rec *re
 		if ctx.Err() == nil {
 			rec.failure(err)
 		}
-		return
+		return 0, ""
 	}
 	n, err := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	if err != nil && ctx.Err() == nil {
 		rec.failure(err)
-		return
+		return 0, ""
 	}
 	if ctx.Err() != nil {
 		// Cut off by the end of the run: not a complete response.
-		return
+		return 0, ""
 	}
 	rec.status(resp.StatusCode, time.Since(start), n)
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// Retry-After as a well-behaved client reads it.
+const (
+	// defaultRetryAfter is the wait after a refusal without Retry-After.
+	defaultRetryAfter = time.Second
+	// maxRetryAfter caps the wait, whatever the server asks.
+	maxRetryAfter = 5 * time.Minute
+)
+
+// retryDelay is how long a client that honours Retry-After waits: the
+// header's seconds (or date), plus up to half again at random so that a
+// fleet refused at the same moment does not come back at the same moment.
+func retryDelay(header string, now time.Time) time.Duration {
+	d := defaultRetryAfter
+	if secs, err := strconv.Atoi(strings.TrimSpace(header)); err == nil && secs >= 0 {
+		d = time.Duration(secs) * time.Second
+	} else if t, err := http.ParseTime(header); err == nil {
+		d = t.Sub(now)
+	}
+	d = min(max(d, 0), maxRetryAfter)
+	return d + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // writer is a logged-in account writing records one at a time.

@@ -171,3 +171,60 @@ func ms(d time.Duration) string {
 	}
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + "ms"
 }
+
+// recorderReport is a recorder in JSON: how the attack child hands its
+// results to the parent (--attack-nice).
+type recorderReport struct {
+	// Key is the scenario (flood, relays, scrape); Name the row's label.
+	Key      string         `json:"key"`
+	Name     string         `json:"name"`
+	Start    time.Time      `json:"start"`
+	End      time.Time      `json:"end"`
+	Outcomes map[string]int `json:"outcomes"`
+	OK       latencyReport  `json:"ok"`
+	Refused  latencyReport  `json:"refused"`
+	Bytes    int64          `json:"bytes"`
+	LastErr  string         `json:"last_error,omitempty"`
+}
+
+type latencyReport struct {
+	Seen    int             `json:"seen"`
+	Samples []time.Duration `json:"samples"`
+	Max     time.Duration   `json:"max"`
+}
+
+func (l *latencies) report() latencyReport {
+	return latencyReport{Seen: l.seen, Samples: slices.Clone(l.samples), Max: l.max}
+}
+
+func (l latencyReport) latencies() latencies {
+	return latencies{seen: l.Seen, samples: l.Samples, max: l.Max}
+}
+
+// report copies r out, under key.
+func (r *recorder) report(key string) recorderReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	outcomes := make(map[string]int, len(r.outcomes))
+	for k, v := range r.outcomes {
+		outcomes[k] = v
+	}
+	return recorderReport{
+		Key: key, Name: r.name, Start: r.start, End: r.end, Outcomes: outcomes,
+		OK: r.ok.report(), Refused: r.refused.report(), Bytes: r.bytes, LastErr: r.lastErr,
+	}
+}
+
+// load replaces r's results with rep's (the recorder of a scenario that
+// ran in the attack child).
+func (r *recorder) load(rep recorderReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.start, r.end = rep.Start, rep.End
+	r.outcomes = map[string]int{}
+	for k, v := range rep.Outcomes {
+		r.outcomes[k] = v
+	}
+	r.ok, r.refused = rep.OK.latencies(), rep.Refused.latencies()
+	r.bytes, r.lastErr = rep.Bytes, rep.LastErr
+}
