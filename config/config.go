@@ -166,6 +166,11 @@ type Config struct {
 	// in flight, so that writes get the CPU first (package priority).
 	// Zero means never pause.
 	BackgroundMaxPause time.Duration
+	// RefusalCoolOff bounds how long a connection whose request was just
+	// refused (429, 503) is held, for the Retry-After it was given, before
+	// its next request is read. Zero means never hold. Connections from
+	// trusted proxies are never held.
+	RefusalCoolOff time.Duration
 	// RateLimits is empty (the reference PDS's limits), "off", or
 	// overrides like "global=6000/5m;createSession=10/5m,100/1d"; see
 	// RateLimitPolicies.
@@ -217,6 +222,7 @@ func DefaultConfig() *Config {
 		MaxJSONBody:            DefaultMaxJSONBody,
 		InflightQueue:          DefaultInflightQueue,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
+		RefusalCoolOff:         DefaultRefusalCoolOff,
 		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
@@ -370,6 +376,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BackgroundMaxPause < 0 || c.BackgroundMaxPause > MaxBackgroundMaxPause {
 		return settingError("background-max-pause", "must be between 0 (never pause) and %s", MaxBackgroundMaxPause)
+	}
+	if c.RefusalCoolOff < 0 || c.RefusalCoolOff > MaxRefusalCoolOff {
+		return settingError("refusal-cooloff", "must be between 0 (never hold) and %s", MaxRefusalCoolOff)
 	}
 	if _, err := c.RateLimitPolicies(); err != nil {
 		return settingError("ratelimits", "%v", err)

@@ -30,6 +30,14 @@ const DefaultBackgroundMaxPause = priority.DefaultMaxPause
 // a long one would stall exports rather than slow them.
 const MaxBackgroundMaxPause = time.Second
 
+// DefaultRefusalCoolOff is how long, at most, a connection just answered
+// 429 or 503 waits before its next request is read: the shortest
+// Retry-After Bulwark gives.
+const DefaultRefusalCoolOff = time.Second
+
+// MaxRefusalCoolOff is the largest --refusal-cooloff accepted.
+const MaxRefusalCoolOff = time.Minute
+
 // RateLimitPolicies returns the rate-limit policies in force: the reference
 // PDS's (ratelimit.DefaultPolicies) with the overrides of RateLimits
 // applied, or none at all when RateLimits is "off".

@@ -45,6 +45,12 @@ var (
 		// From a refusal (tens of µs) to a large CAR export (a minute).
 		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"method"})
+	// RefusalCoolOffs counts connections held after a 429 or 503 for the
+	// Retry-After it gave (pds: --refusal-cooloff).
+	RefusalCoolOffs = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "http", Name: "refusal_cooloffs_total",
+		Help: "Connections whose next request was held back for the Retry-After of a 429/503 they were just sent.",
+	})
 )
 
 // Repository and event log.
@@ -111,7 +117,7 @@ func init() {
 	Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: namespace}),
-		Requests, RequestDuration,
+		Requests, RequestDuration, RefusalCoolOffs,
 		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,

@@ -1,11 +1,14 @@
 package pds
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"testing"
 	"time"
@@ -177,4 +180,86 @@ func jsonBody(t *testing.T, v any) io.Reader {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return bytes.NewReader(b)
+}
+
+// TestRefusalCoolOff: a client refused with 429 gets the answer at once,
+// but its next request on the same connection is not read until the
+// Retry-After (capped by --refusal-cooloff) has passed; another connection
+// is answered meanwhile. Connections from a trusted proxy are never held.
+func TestRefusalCoolOff(t *testing.T) {
+	t.Parallel()
+	envWith := func(trustLoopback bool) *accountEnv {
+		policies := ratelimit.DefaultPolicies()
+		rules, err := ratelimit.ParseRules("2/5m")
+		require.NoError(t, err)
+		policies[ratelimit.PolicyGlobal] = rules
+		set, err := ratelimit.NewSet(policies, 0)
+		require.NoError(t, err)
+		return newAccountEnv(t, envOptions{
+			configure: func(c *config.Config) {
+				c.RefusalCoolOff = 2 * time.Second
+				if trustLoopback {
+					c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+				}
+			},
+			options: func(o *Options) { o.Limits = set },
+		})
+	}
+	// ask sends a describeServer on conn and returns the response's status
+	// on the channel once it has been read.
+	ask := func(conn net.Conn, br *bufio.Reader) <-chan int {
+		out := make(chan int, 1)
+		_, err := io.WriteString(conn, "GET /xrpc/com.atproto.server.describeServer HTTP/1.1\r\nHost: pds.test\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n")
+		require.NoError(t, err)
+		go func() {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				close(out)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			out <- resp.StatusCode
+		}()
+		return out
+	}
+	dial := func(e *accountEnv) (net.Conn, *bufio.Reader) {
+		u, err := url.Parse(e.url)
+		require.NoError(t, err)
+		conn, err := net.Dial("tcp", u.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+		return conn, bufio.NewReader(conn)
+	}
+
+	t.Run("direct client is held", func(t *testing.T) {
+		e := envWith(false)
+		conn, br := dial(e)
+		const held = "bulwark_http_refusal_cooloffs_total"
+		before := scrape(t)[held]
+		require.Equal(t, http.StatusOK, <-ask(conn, br))
+		require.Equal(t, http.StatusOK, <-ask(conn, br))
+		// The refusal itself arrives at once, although the server now
+		// holds the connection.
+		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br))
+		require.GreaterOrEqual(t, scrape(t)[held]-before, 1.0)
+		// The next request on that connection waits, unread.
+		next := ask(conn, br)
+		require.Never(t, func() bool { return len(next) > 0 }, 300*time.Millisecond, 10*time.Millisecond)
+		// Another connection is served meanwhile (refused too: same client).
+		other, obr := dial(e)
+		require.Equal(t, http.StatusTooManyRequests, <-ask(other, obr))
+		// Once the cool-off is over the held request is read and answered.
+		require.Equal(t, http.StatusTooManyRequests, <-next)
+	})
+
+	t.Run("trusted proxy is never held", func(t *testing.T) {
+		e := envWith(true)
+		conn, br := dial(e)
+		require.Equal(t, http.StatusOK, <-ask(conn, br))
+		require.Equal(t, http.StatusOK, <-ask(conn, br))
+		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br))
+		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br), "answered at once on the same connection")
+	})
 }

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -343,31 +345,36 @@ func (s *Server) observe(next http.Handler) http.Handler {
 		rec := &responseRecorder{ResponseWriter: w}
 
 		defer func() {
+			elapsed := time.Since(start)
 			status := rec.status
 			if status == 0 {
 				// The handler wrote nothing: net/http sends 200.
 				status = http.StatusOK
 			}
+			refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
 			level := slog.LevelInfo
-			if r.URL.Path == "/xrpc/_health" {
+			if r.URL.Path == "/xrpc/_health" || refused {
+				// A flood of refusals would otherwise write a log line
+				// each, exactly when the server is busiest; the metrics
+				// count them (and handleSubscribeRepos logs a summary).
 				level = slog.LevelDebug
 			}
-			if status == http.StatusTooManyRequests && r.URL.Path == subscribeReposPath {
-				// A reconnect flood would otherwise write a log line per
-				// refusal; handleSubscribeRepos logs a summary instead.
-				level = slog.LevelDebug
+			if s.logger.Enabled(ctx, level) {
+				s.logger.LogAttrs(ctx, level, "request",
+					slog.String("request_id", id),
+					slog.String("method", r.Method),
+					slog.String("path", r.URL.Path),
+					slog.Int("status", status),
+					slog.Int64("bytes", rec.bytes),
+					slog.Duration("duration", elapsed),
+					slog.String("client", s.clientIP(r).String()),
+					slog.String("user_agent", r.UserAgent()),
+				)
 			}
-			s.logger.LogAttrs(ctx, level, "request",
-				slog.String("request_id", id),
-				slog.String("method", r.Method),
-				slog.String("path", r.URL.Path),
-				slog.Int("status", status),
-				slog.Int64("bytes", rec.bytes),
-				slog.Duration("duration", time.Since(start)),
-				slog.String("client", s.clientIP(r).String()),
-				slog.String("user_agent", r.UserAgent()),
-			)
-			s.observeRequest(r, status, rec.hijacked, time.Since(start))
+			s.observeRequest(r, status, rec.hijacked, elapsed)
+			if refused && !rec.hijacked {
+				s.coolOff(rec, r)
+			}
 		}()
 		defer func() {
 			v := recover()
@@ -478,6 +485,40 @@ func cors(next http.Handler) http.Handler {
 		h.Set("Allow", corsAllowMethods)
 		w.WriteHeader(http.StatusNoContent)
 	})
+}
+
+// coolOff holds a connection whose request was just refused (429 or 503)
+// for the Retry-After the answer gave, at most cfg.RefusalCoolOff, before
+// net/http reads its next request. The refusal itself is sent at once
+// (flushed here); what waits is the client's next request on the same
+// connection, which it was told to hold back anyway. A client that ignores
+// Retry-After and re-asks at once on a kept-alive connection (a scraper
+// fleet re-requesting on every 503) so costs no CPU until then, instead of
+// taking the cores a user's write needs. Connections from trusted proxies
+// are never held: one carries many clients' requests.
+func (s *Server) coolOff(rec *responseRecorder, r *http.Request) {
+	max := s.cfg.RefusalCoolOff
+	if max <= 0 {
+		return
+	}
+	if peer, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || s.trusted(peer.Addr().Unmap()) {
+		return
+	}
+	wait := max
+	if secs, err := strconv.Atoi(rec.Header().Get("Retry-After")); err == nil && secs >= 0 {
+		wait = min(wait, time.Duration(secs)*time.Second)
+	}
+	if wait <= 0 {
+		return
+	}
+	rec.Flush()
+	metrics.RefusalCoolOffs.Inc()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+	}
 }
 
 // clientIP is the address a request came from: the TCP peer, or, when the

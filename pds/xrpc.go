@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -196,23 +197,27 @@ func xrpcErrorFor(err error) *XRPCError {
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	xe := xrpcErrorFor(err)
 	status := xe.Status
-	logger := s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
+	logger := func() *slog.Logger {
+		return s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
+	}
 	// A 503 is a refusal under load, like a 429: logging each at error
 	// level would add a synchronous write per refused request exactly when
 	// the server is busiest. The metrics count them.
 	if xe.Status >= 500 && xe.Status != http.StatusServiceUnavailable {
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			// The client went away; nobody is waiting for the answer.
-			logger.Debug("request canceled", "error", err)
+			if s.logger.Enabled(r.Context(), slog.LevelDebug) {
+				logger().Debug("request canceled", "error", err)
+			}
 			status = statusClientClosed
 		} else {
-			logger.Error("request failed", "status", xe.Status, "error", err)
+			logger().Error("request failed", "status", xe.Status, "error", err)
 		}
-	} else {
-		logger.Debug("request refused", "status", xe.Status, "error", xe.Name, "message", xe.Message)
+	} else if s.logger.Enabled(r.Context(), slog.LevelDebug) {
+		logger().Debug("request refused", "status", xe.Status, "error", xe.Name, "message", xe.Message)
 	}
 	if rec, ok := w.(*responseRecorder); ok && rec.wroteHeader {
-		logger.Warn("error after the response started; cannot report it to the client", "error", err)
+		logger().Warn("error after the response started; cannot report it to the client", "error", err)
 		return
 	}
 	for k, vs := range xe.Header {
