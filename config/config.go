@@ -166,6 +166,13 @@ type Config struct {
 	// in flight, so that writes get the CPU first (package priority).
 	// Zero means never pause.
 	BackgroundMaxPause time.Duration
+	// CARCache is how many bytes of whole-repository getRepo answers are
+	// kept on disk (DataDir/car-cache), so a repository asked for again
+	// unchanged is a file copy, not a database export. Zero means none.
+	CARCache int64
+	// ExportRate is the bytes a second all getRepo answers together are
+	// sent at, at most; zero means as fast as clients read.
+	ExportRate int64
 	// RefusalCoolOff bounds how long a connection whose request was just
 	// refused (429, 503) is held, for the Retry-After it was given, before
 	// its next request is read. Zero means never hold. Connections from
@@ -223,6 +230,8 @@ func DefaultConfig() *Config {
 		InflightQueue:          DefaultInflightQueue,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RefusalCoolOff:         DefaultRefusalCoolOff,
+		CARCache:               DefaultCARCache,
+		ExportRate:             DefaultExportRate,
 		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
@@ -376,6 +385,12 @@ func (c *Config) Validate() error {
 	}
 	if c.BackgroundMaxPause < 0 || c.BackgroundMaxPause > MaxBackgroundMaxPause {
 		return settingError("background-max-pause", "must be between 0 (never pause) and %s", MaxBackgroundMaxPause)
+	}
+	if c.CARCache < 0 {
+		return settingError("car-cache", "must not be negative")
+	}
+	if c.ExportRate < 0 {
+		return settingError("export-rate", "must not be negative")
 	}
 	if c.RefusalCoolOff < 0 || c.RefusalCoolOff > MaxRefusalCoolOff {
 		return settingError("refusal-cooloff", "must be between 0 (never hold) and %s", MaxRefusalCoolOff)

@@ -30,6 +30,15 @@ const DefaultBackgroundMaxPause = priority.DefaultMaxPause
 // a long one would stall exports rather than slow them.
 const MaxBackgroundMaxPause = time.Second
 
+// DefaultCARCache is the disk kept for cached getRepo answers.
+const DefaultCARCache = 1 << 30
+
+// DefaultExportRate is the bytes a second all getRepo answers share (a
+// quarter of a gigabit: plenty for relays and backfills, little enough
+// that a scraper fleet cannot turn a small server's cores into export
+// bandwidth).
+const DefaultExportRate = 32 << 20
+
 // DefaultRefusalCoolOff is how long, at most, a connection just answered
 // 429 or 503 waits before its next request is read: the shortest
 // Retry-After Bulwark gives.

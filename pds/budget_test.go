@@ -263,7 +263,7 @@ func (d *discard) Write(p []byte) (int, error) { d.n += int64(len(p)); return le
 //
 //	go test ./pds -run '^$' -bench BenchmarkReservationHeap -benchtime 1x
 func BenchmarkReservationHeap(b *testing.B) {
-	sb := syncSetup(b, syncOptions{})
+	sb := syncSetup(b, syncOptions{configure: func(c *config.Config) { c.ExportRate = 0 }})
 	cfg := config.DefaultConfig()
 	cfg.DataDir = b.TempDir()
 	require.NoError(b, cfg.Finalize())

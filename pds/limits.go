@@ -107,6 +107,9 @@ type protection struct {
 	// holds a Postgres connection (one snapshot) for as long as the client
 	// reads, so scrapers must not be able to take the whole pool.
 	exports *budget.Budget
+	// cachedExports bounds concurrent getRepo answers served from the CAR
+	// cache (no database connection, but CPU and bandwidth).
+	cachedExports *budget.Budget
 	// limits are the rate limiters by policy name.
 	limits *ratelimit.Set
 }
@@ -133,9 +136,15 @@ func newProtection(opts Options) protection {
 			queue = -1
 		}
 		p.exports = budget.New(budget.Config{Capacity: int64(slots), MaxQueue: queue})
+		p.cachedExports = budget.New(budget.Config{Capacity: int64(cachedExportsPerSlot * slots), MaxQueue: queue})
 	}
 	return p
 }
+
+// cachedExportsPerSlot is how many getRepo answers from the CAR cache may
+// stream at once per database export slot: they hold no connection, and
+// each is paced (--export-rate).
+const cachedExportsPerSlot = 4
 
 // rateLimit spends points of policy's limiter for key. Allowed, it reports
 // the limit in the RateLimit-* headers; refused, it returns 429

@@ -46,6 +46,7 @@ import (
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 )
 
 // HTTP server timeouts. WriteTimeout bounds an ordinary response; methods
@@ -113,6 +114,10 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// CARCacheDir, when set, is where whole-repository getRepo answers are
+	// cached (up to Config.CARCache bytes); the directory is emptied at
+	// start. Empty means no cache.
+	CARCacheDir string
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -152,6 +157,10 @@ type Server struct {
 	protect protection
 	// priority is what writes enter and background streams yield to.
 	priority *priority.Gate
+	// carCache holds whole-repository exports on disk (nil: none).
+	carCache *carCache
+	// exportRate is the byte rate all getRepo answers share (nil: none).
+	exportRate *rate.Limiter
 }
 
 // New builds a Server and registers its routes.
@@ -183,6 +192,18 @@ func New(opts Options) (*Server, error) {
 	s.blobs = opts.Blobs
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
+	if opts.Config != nil && opts.Config.ExportRate > 0 {
+		// A burst of a few chunks: an export starts at once, and the rate
+		// holds over any second.
+		s.exportRate = rate.NewLimiter(rate.Limit(opts.Config.ExportRate), int(min(opts.Config.ExportRate, 4*streamBuffer)))
+	}
+	if opts.CARCacheDir != "" && opts.Config != nil && opts.Config.CARCache > 0 && s.protect.exports != nil {
+		c, err := newCARCache(opts.CARCacheDir, opts.Config.CARCache)
+		if err != nil {
+			return nil, err
+		}
+		s.carCache = c
+	}
 	if opts.Firehose != nil {
 		s.firehose = opts.Firehose
 		s.subscribeAdmission = newSubscribeAdmission(opts)

@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -17,9 +18,11 @@ import (
 	"github.com/ipld/go-car"
 	"github.com/ipld/go-car/util"
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -148,6 +151,9 @@ func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
 			return InvalidRequest("parameter \"since\" must be a repo rev (a TID): %v", err)
 		}
 	}
+	if since == "" && s.carCache != nil {
+		return s.serveCachedRepo(w, r, did)
+	}
 	release, gerr := s.guardExport(r.Context())
 	if gerr != nil {
 		return gerr
@@ -157,17 +163,82 @@ func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Content-Type", carContentType)
-	sw := newStreamWriter(w)
-	// An export is background work: before each chunk it gives way to
-	// writes in flight (for a bounded pause), and while it waits the
-	// export itself (the database reads that fill the buffer) waits too.
-	sw.background(r.Context(), s.priority)
+	sw := s.exportWriter(w, r)
 	bw := bufio.NewWriterSize(sw, streamBuffer)
 	err := s.repo.ExportCAR(r.Context(), did, since, bw)
 	if err == nil {
 		err = bw.Flush()
 	}
 	if err != nil {
+		return s.endStream(r, sw, err)
+	}
+	return nil
+}
+
+// exportWriter is the stream writer of a CAR export: background work (it
+// gives way to writes in flight, package priority), its bytes drawn from
+// the server's export rate (cfg.ExportRate bytes a second for all getRepo
+// answers together).
+func (s *Server) exportWriter(w http.ResponseWriter, r *http.Request) *streamWriter {
+	sw := newStreamWriter(w)
+	// An export is background work: before each chunk it gives way to
+	// writes in flight (for a bounded pause), and while it waits the
+	// export itself (the database reads that fill the buffer) waits too.
+	sw.background(r.Context(), s.priority)
+	sw.pace(s.exportRate)
+	return sw
+}
+
+// carCacheBuildTimeout bounds one export into the CAR cache.
+const carCacheBuildTimeout = 10 * time.Minute
+
+// serveCachedRepo answers a whole-repository getRepo from the CAR cache,
+// exporting into it first when the repository has moved on since (holding
+// an export slot, as an uncached export does, for that part only).
+// Serving a cached file takes a served-export slot, not a database one.
+func (s *Server) serveCachedRepo(w http.ResponseWriter, r *http.Request, did syntax.DID) error {
+	ctx := r.Context()
+	st, err := s.availableRepo(ctx, did)
+	if err != nil {
+		return err
+	}
+	commit := st.head.Commit.String()
+	release, err := budget.Guard(ctx, s.protect.cachedExports, 1)
+	if err != nil {
+		return err
+	}
+	defer release()
+	f, size := s.carCache.open(did.String(), commit)
+	if f == nil {
+		releaseExport, err := s.guardExport(ctx)
+		if err != nil {
+			return err
+		}
+		// The export fills the cache for everyone asking: it is not
+		// abandoned if this client goes away.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), carCacheBuildTimeout)
+		defer cancel()
+		f, size, err = s.carCache.build(ctx, did.String(), commit, func(out io.Writer) error {
+			bw := bufio.NewWriterSize(out, streamBuffer)
+			if err := s.repo.ExportCAR(bctx, did, "", bw); err != nil {
+				return err
+			}
+			return bw.Flush()
+		})
+		releaseExport()
+		if err != nil {
+			return err
+		}
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", carContentType)
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	sw := s.exportWriter(w, r)
+	buf := make([]byte, streamBuffer)
+	if _, err := io.CopyBuffer(struct{ io.Writer }{sw}, f, buf); err != nil {
 		return s.endStream(r, sw, err)
 	}
 	return nil
@@ -495,7 +566,12 @@ type streamWriter struct {
 	// gate and ctx, when gate is set, make the stream background work.
 	gate *priority.Gate
 	ctx  context.Context
+	// rate, when set, is the shared byte rate the stream draws on.
+	rate *rate.Limiter
 }
+
+// pace makes the stream draw its bytes from lim (nil: unpaced).
+func (sw *streamWriter) pace(lim *rate.Limiter) { sw.rate = lim }
 
 func newStreamWriter(w http.ResponseWriter) *streamWriter {
 	return &streamWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
@@ -517,6 +593,12 @@ func (sw *streamWriter) Write(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	if sw.rate != nil {
+		if err := sw.wait(len(p)); err != nil {
+			sw.err = err
+			return 0, err
+		}
+	}
 	_ = sw.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 	sw.started = true
 	n, err := sw.ResponseWriter.Write(p)
@@ -524,6 +606,23 @@ func (sw *streamWriter) Write(p []byte) (int, error) {
 		sw.err = err
 	}
 	return n, err
+}
+
+// wait takes n bytes from the shared rate, in pieces no larger than its
+// burst, waiting as needed.
+func (sw *streamWriter) wait(n int) error {
+	ctx := sw.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	for n > 0 {
+		k := min(n, sw.rate.Burst())
+		if err := sw.rate.WaitN(ctx, k); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 // WriteHeader commits the response (http.ServeContent sends its status

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -39,7 +40,8 @@ const maxStreamHeap = 64 << 20
 func BenchmarkGetRepo(b *testing.B) {
 	ctx := context.Background()
 	// Every client streams at once: no export-slot queue in front.
-	sb := syncSetup(b, syncOptions{exportSlots: benchClients})
+	// Unpaced: the benchmark measures the export itself.
+	sb := syncSetup(b, syncOptions{exportSlots: benchClients, configure: func(c *config.Config) { c.ExportRate = 0 }})
 	did := sb.newAccount(b, "big", account.StatusActive)
 
 	start := time.Now()

@@ -11,9 +11,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/atdata"
@@ -50,6 +53,7 @@ type syncBundle struct {
 	// caller is the account uploads are made as (the auth test hook).
 	callerMu sync.Mutex
 	caller   syntax.DID
+	server   *Server
 }
 
 type syncOptions struct {
@@ -59,6 +63,8 @@ type syncOptions struct {
 	realAuth bool
 	// exportSlots is Options.ExportSlots.
 	exportSlots int
+	// carCache turns the getRepo CAR cache on (in the data dir).
+	carCache bool
 }
 
 func syncSetup(t testing.TB, o syncOptions) *syncBundle {
@@ -97,8 +103,13 @@ func syncSetup(t testing.TB, o syncOptions) *syncBundle {
 	require.NoError(t, err)
 
 	b := &syncBundle{pool: pool, engine: engine, blobs: blobs, store: store, keys: keys, accounts: accounts}
-	s, err := New(Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots})
+	opts := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots}
+	if o.carCache {
+		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
+	}
+	s, err := New(opts)
 	require.NoError(t, err)
+	b.server = s
 	if !o.realAuth {
 		s.callerDID = func(*http.Request) (syntax.DID, error) {
 			b.callerMu.Lock()
@@ -261,6 +272,124 @@ func TestGetRepo(t *testing.T) {
 	hresp.Body.Close()
 	require.Equal(t, http.StatusOK, hresp.StatusCode)
 	require.Equal(t, "application/vnd.ipld.car", hresp.Header.Get("Content-Type"))
+}
+
+// TestGetRepoFromCache: a whole-repository getRepo is exported once into
+// the CAR cache and then served from the file while the repository is
+// unchanged; a write makes the next request export again (and the old file
+// go); requests that miss at once share one export; a takedown is still
+// refused; the bytes are the same as an uncached export's.
+func TestGetRepoFromCache(t *testing.T) {
+	t.Parallel()
+	b := syncSetup(t, syncOptions{carCache: true})
+	did := b.newAccount(t, "alice", account.StatusActive)
+	b.writePosts(t, did, "a", 300)
+	cache := b.server.carCache
+	require.NotNil(t, cache)
+	getRepo := func() []byte {
+		resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "body: %s", body)
+		require.Equal(t, strconv.Itoa(len(body)), resp.Header.Get("Content-Length"))
+		return body
+	}
+	first := getRepo()
+	requireCARMatchesIndex(t, bytes.NewReader(first), b.recordIndex(t, did))
+	require.Equal(t, int64(1), cache.builds.Load())
+	require.Equal(t, first, getRepo(), "served again from the file")
+	require.Equal(t, int64(1), cache.builds.Load())
+	req, err := http.NewRequest(http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil)
+	require.NoError(t, err)
+	hresp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	hresp.Body.Close()
+	require.Equal(t, http.StatusOK, hresp.StatusCode)
+	require.Equal(t, strconv.Itoa(len(first)), hresp.Header.Get("Content-Length"))
+
+	// The same export, uncached, is the same bytes.
+	var direct bytes.Buffer
+	require.NoError(t, b.engine.ExportCAR(context.Background(), did, "", &direct))
+	require.Equal(t, direct.Bytes(), first)
+
+	var files []string
+	// A write: the next answer is the new commit, and only its file is kept.
+	last := b.writePosts(t, did, "b", 2)
+	second := getRepo()
+	commit := requireCARMatchesIndex(t, bytes.NewReader(second), b.recordIndex(t, did))
+	require.Equal(t, last.Rev, commit.Rev)
+	require.Equal(t, int64(2), cache.builds.Load())
+	files, err = filepath.Glob(filepath.Join(cache.dir, "*.car"))
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+
+	// Eight requests that miss together share one export.
+	b.writePosts(t, did, "c", 1)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { getRepo() })
+	}
+	wg.Wait()
+	require.Equal(t, int64(3), cache.builds.Load())
+
+	// A cached repository taken down is refused like any other.
+	b.setStatus(t, did, account.StatusTakendown)
+	resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "body: %s", body)
+	require.Contains(t, string(body), "RepoTakendown")
+}
+
+// TestGetRepoPaced: with --export-rate getRepo answers are sent no faster
+// than the rate (the first chunk goes at once; the rest take at least half
+// of their size/rate here: a lower bound, which a slow machine cannot
+// break).
+func TestGetRepoPaced(t *testing.T) {
+	t.Parallel()
+	const rate = 100_000
+	b := syncSetup(t, syncOptions{configure: func(c *config.Config) { c.ExportRate = rate }})
+	did := b.newAccount(t, "alice", account.StatusActive)
+	b.writePosts(t, did, "a", 1200)
+	start := time.Now()
+	resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+	elapsed := time.Since(start)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body: %s", body)
+	require.Greater(t, len(body), 2*streamBuffer, "several chunks, so pacing shows")
+	require.GreaterOrEqual(t, elapsed, time.Duration(float64(len(body)-streamBuffer)/rate/2*float64(time.Second)))
+}
+
+// TestCARCacheEvicts: past its size the cache drops the least recently
+// served repositories' files.
+func TestCARCacheEvicts(t *testing.T) {
+	t.Parallel()
+	b := syncSetup(t, syncOptions{carCache: true, configure: func(c *config.Config) { c.CARCache = 120_000 }})
+	var dids []syntax.DID
+	for i := range 4 {
+		did := b.newAccount(t, fmt.Sprintf("user%d", i), account.StatusActive)
+		b.writePosts(t, did, "a", 200) // a CAR of ~50 kB
+		dids = append(dids, did)
+	}
+	for _, did := range dids {
+		resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "body: %s", body)
+	}
+	cache := b.server.carCache
+	cache.mu.Lock()
+	used, kept := cache.used, cache.lru.Len()
+	cache.mu.Unlock()
+	require.LessOrEqual(t, used, int64(120_000))
+	require.Less(t, kept, len(dids))
+	files, err := filepath.Glob(filepath.Join(cache.dir, "*.car"))
+	require.NoError(t, err)
+	require.Len(t, files, kept, "evicted files are deleted")
+	// The most recently served is still there.
+	f, _ := cache.open(dids[3].String(), mustHead(t, b, dids[3]))
+	require.NotNil(t, f)
+	f.Close()
+}
+
+func mustHead(t *testing.T, b *syncBundle, did syntax.DID) string {
+	t.Helper()
+	h, err := b.engine.GetHead(context.Background(), did)
+	require.NoError(t, err)
+	return h.Commit.String()
 }
 
 func TestSyncBadInput(t *testing.T) {

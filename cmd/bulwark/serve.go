@@ -114,7 +114,11 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv, err := pds.New(pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits})
+	opts := pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	if cfg.CARCache > 0 {
+		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
+	}
+	srv, err := pds.New(opts)
 	if err != nil {
 		return err
 	}
