@@ -117,11 +117,13 @@ type Engine struct {
 	// the database refused because another writer had moved the root.
 	fastCommits, staleRoots atomic.Int64
 
-	// writers counts this process's Apply calls in flight per repo: the
-	// one-round-trip path is only tried by a lone writer, since a writer
-	// queued behind another would find its cached root moved.
+	// writers queues this process's Apply calls per repo, first come first
+	// served: one at a time, each finds the tree its predecessor left in
+	// the cache and commits in one round trip, instead of all of them
+	// waiting on the repo's row lock and loading the tree from the
+	// database. A waiter holds no database connection.
 	writersMu sync.Mutex
-	writers   map[string]int
+	writers   map[string]*writerQueue
 
 	globalLock   bool
 	perStatement bool
@@ -143,7 +145,7 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		cfg.Logger = slog.Default()
 	}
 	return &Engine{
-		writers:      map[string]int{},
+		writers:      map[string]*writerQueue{},
 		globalLock:   cfg.globalLock,
 		perStatement: cfg.perStatement,
 		blobs:        cfg.Blobs,
@@ -332,21 +334,19 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 	if err != nil {
 		return nil, err
 	}
+	leave, err := e.enter(ctx, did.String())
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
 	}
 	defer conn.Release()
-	alone := e.enter(did.String())
-	defer e.leave(did.String())
-	var res *CommitResult
-	var newState *repoState
-	done := false
-	if alone {
-		res, newState, done, err = e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard)
-		if err != nil {
-			return nil, err
-		}
+	res, newState, done, err := e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard)
+	if err != nil {
+		return nil, err
 	}
 	if !done {
 		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit, guard)
@@ -364,19 +364,36 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 	return res, nil
 }
 
-// enter counts a writer in for did and reports whether it is the only one.
-func (e *Engine) enter(did string) bool {
-	e.writersMu.Lock()
-	defer e.writersMu.Unlock()
-	e.writers[did]++
-	return e.writers[did] == 1
+// writerQueue admits one of this process's writers of a repo at a time.
+type writerQueue struct {
+	turn    chan struct{} // holds a token while a writer is in
+	waiting int           // writers in or waiting; guarded by writersMu
 }
 
-func (e *Engine) leave(did string) {
+// enter waits for did's turn among this process's writers (first come,
+// first served) and returns the function that ends it.
+func (e *Engine) enter(ctx context.Context, did string) (func(), error) {
 	e.writersMu.Lock()
-	defer e.writersMu.Unlock()
-	if e.writers[did]--; e.writers[did] <= 0 {
-		delete(e.writers, did)
+	q := e.writers[did]
+	if q == nil {
+		q = &writerQueue{turn: make(chan struct{}, 1)}
+		e.writers[did] = q
+	}
+	q.waiting++
+	e.writersMu.Unlock()
+	done := func() {
+		e.writersMu.Lock()
+		if q.waiting--; q.waiting == 0 {
+			delete(e.writers, did)
+		}
+		e.writersMu.Unlock()
+	}
+	select {
+	case q.turn <- struct{}{}:
+		return func() { <-q.turn; done() }, nil
+	case <-ctx.Done():
+		done()
+		return nil, ctx.Err()
 	}
 }
 
@@ -385,7 +402,8 @@ func (e *Engine) leave(did string) {
 const errRootMoved = "BW001"
 
 // applyOptimistic commits in one round trip when this process holds the
-// repo's tree in its cache: the commit is built from the cached state and
+// repo's tree in its cache (the writer's turn, see enter, guarantees no
+// other writer of this process has it out): the commit is built from the cached state and
 // sent as one pipelined batch with no BEGIN or COMMIT (the statements of a
 // pipeline up to its Sync run as one implicit transaction, committed at the
 // Sync, or rolled back whole if any statement fails). The batch's first
