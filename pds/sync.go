@@ -198,16 +198,17 @@ const carCacheBuildTimeout = 10 * time.Minute
 // Serving a cached file takes a served-export slot, not a database one.
 func (s *Server) serveCachedRepo(w http.ResponseWriter, r *http.Request, did syntax.DID) error {
 	ctx := r.Context()
-	st, err := s.availableRepo(ctx, did)
-	if err != nil {
-		return err
-	}
-	commit := st.head.Commit.String()
+	// The slot first: a refusal must cost no database work.
 	release, err := budget.Guard(ctx, s.protect.cachedExports, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
+	st, err := s.availableRepo(ctx, did)
+	if err != nil {
+		return err
+	}
+	commit := st.head.Commit.String()
 	f, size := s.carCache.open(did.String(), commit)
 	if f == nil {
 		releaseExport, err := s.guardExport(ctx)

@@ -355,6 +355,29 @@ func TestGetRepoPaced(t *testing.T) {
 	require.GreaterOrEqual(t, elapsed, time.Duration(float64(len(body)-streamBuffer)/rate/2*float64(time.Second)))
 }
 
+// TestCachedGetRepoRefusedWithoutDatabase: with the cached-answer slots
+// taken, getRepo is refused 503 before it touches the database (no pool
+// acquisition), as a refusal under a scraper flood must be.
+func TestCachedGetRepoRefusedWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := syncSetup(t, syncOptions{carCache: true, configure: func(c *config.Config) { c.InflightQueue = 0 }})
+	did := b.newAccount(t, "alice", account.StatusActive)
+	b.writePosts(t, did, "a", 10)
+	slots := b.server.protect.cachedExports
+	hold, err := slots.Acquire(ctx, slots.Capacity())
+	require.NoError(t, err)
+	before := b.pool.Stat().AcquireCount()
+	resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "body: %s", body)
+	require.Contains(t, string(body), "ServiceOverloaded")
+	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+	require.Equal(t, before, b.pool.Stat().AcquireCount(), "no database work for a refusal")
+	hold.Release()
+	resp, body = b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body: %s", body)
+}
+
 // TestCARCacheEvicts: past its size the cache drops the least recently
 // served repositories' files.
 func TestCARCacheEvicts(t *testing.T) {
