@@ -21,6 +21,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/priority"
 )
 
 //go:embed stream.sql
@@ -86,7 +87,10 @@ type Config struct {
 	// page is held against while it is being sent. Live frames are shared
 	// by all subscribers and not counted.
 	Budget *budget.Budget
-	Logger *slog.Logger
+	// Priority, when set, is the server's writes-first gate: a backfilling
+	// subscriber yields to writes in flight before reading each page.
+	Priority *priority.Gate
+	Logger   *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -169,6 +173,13 @@ func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
 // servers that build the budget after the hub. Call it before Run.
 func (h *Hub) UseBudget(b *budget.Budget) {
 	h.cfg.Budget = b
+}
+
+// UsePriority makes backfill yield to gate's foreground work (writes)
+// before each page, for servers that build the gate after the hub. Call it
+// before Run.
+func (h *Hub) UsePriority(gate *priority.Gate) {
+	h.cfg.Priority = gate
 }
 
 // Notify tells the hub that events up to lastSeq were sequenced. It never
@@ -725,6 +736,10 @@ func (s *session) backfill(ctx context.Context, done func() bool, until int64) e
 	for {
 		if until > 0 && s.cur >= until {
 			return nil
+		}
+		// Backfill is background work: a page waits for writes in flight.
+		if err := h.cfg.Priority.Yield(ctx); err != nil {
+			return err
 		}
 		res, err := h.reserve(ctx)
 		if err != nil {

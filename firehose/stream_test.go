@@ -20,6 +20,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/priority"
 )
 
 // TestIndigoConsumerConcurrentWriters runs indigo's own consumer against
@@ -487,4 +488,31 @@ func TestHealthSeesStuckConsumer(t *testing.T) {
 		}
 		return false
 	}, 10*time.Second, time.Millisecond)
+}
+
+// TestBackfillYieldsToWrites: with the server's writes-first gate, a
+// backfilling subscriber reads no page while a write is in flight (here
+// held for the whole wait, with a pause bound of an hour), and catches up
+// once the write is done.
+func TestBackfillYieldsToWrites(t *testing.T) {
+	t.Parallel()
+	gate := priority.New(priority.Config{MaxPause: time.Hour})
+	b := setup(t, options{noSequencer: true, hub: firehose.Config{PageEvents: 2, PollInterval: time.Hour, Priority: gate}})
+	did := b.newRepo(t)
+	for i := range 6 {
+		b.write(t, did, fmt.Sprint("post ", i))
+	}
+	last := b.sequenceAll(t)
+	leave := gate.Enter()
+	m := b.queries.mark()
+	conn := dial(t, b.wsURL, ptr(int64(0)))
+	require.Eventually(t, func() bool { return gate.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond,
+		"the subscriber waits at the gate")
+	for _, q := range b.queries.since(m) {
+		// Resolving the cursor reads seqs only; a page reads bodies.
+		require.NotContains(t, q, "body", "no page read while the write is in flight")
+	}
+	leave()
+	got := readUntil(t, conn, last)
+	require.Equal(t, last, got[len(got)-1].seq)
 }

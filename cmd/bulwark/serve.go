@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 	metrics.RegisterExportSlots(srv.ExportSlots())
+	hub.UsePriority(srv.Priority())
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
 	svcErr := make(chan error, len(services))
