@@ -53,6 +53,25 @@ var (
 	})
 )
 
+// The getRepo CAR cache (pds).
+var (
+	// CARCacheHits counts getRepo answers served from a cached file.
+	CARCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "car_cache", Name: "hits_total",
+		Help: "Whole-repository getRepo answers served from the CAR cache.",
+	})
+	// CARCacheBuilds counts exports into the cache.
+	CARCacheBuilds = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "car_cache", Name: "builds_total",
+		Help: "Repository exports written into the CAR cache.",
+	})
+	// CARCacheBytes is the size of the cached files.
+	CARCacheBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "car_cache", Name: "bytes",
+		Help: "Bytes of cached getRepo answers on disk.",
+	})
+)
+
 // Repository and event log.
 var (
 	// Commits counts repository commits written (one per write
@@ -118,6 +137,7 @@ func init() {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: namespace}),
 		Requests, RequestDuration, RefusalCoolOffs,
+		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 // carCache keeps whole-repository CAR exports on disk, one per repository
@@ -63,6 +65,11 @@ func newCARCache(dir string, max int64) (*carCache, error) {
 func (c *carCache) open(did, commit string) (*os.File, int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.openLocked(did, commit)
+}
+
+// openLocked is open with c.mu held.
+func (c *carCache) openLocked(did, commit string) (*os.File, int64) {
 	el, ok := c.byDID[did]
 	if !ok {
 		return nil, 0
@@ -77,6 +84,7 @@ func (c *carCache) open(did, commit string) (*os.File, int64) {
 		return nil, 0
 	}
 	c.lru.MoveToFront(el)
+	metrics.CARCacheHits.Inc()
 	return f, cf.size
 }
 
@@ -86,11 +94,14 @@ func (c *carCache) open(did, commit string) (*os.File, int64) {
 // or later.
 func (c *carCache) build(ctx context.Context, did, commit string, export func(io.Writer) error) (*os.File, int64, error) {
 	key := did + " " + commit
-	if f, size := c.open(did, commit); f != nil {
-		// Built while this request waited for its export slot.
+	c.mu.Lock()
+	// Built while this request waited for its export slot? (Checked under
+	// the same lock as the builds in progress, so a build that ends in
+	// between is never missed.)
+	if f, size := c.openLocked(did, commit); f != nil {
+		c.mu.Unlock()
 		return f, size, nil
 	}
-	c.mu.Lock()
 	if b, ok := c.building[key]; ok {
 		c.mu.Unlock()
 		select {
@@ -114,6 +125,7 @@ func (c *carCache) build(ctx context.Context, did, commit string, export func(io
 	c.mu.Unlock()
 
 	c.builds.Add(1)
+	metrics.CARCacheBuilds.Inc()
 	size, err := writeFile(path, export)
 	c.mu.Lock()
 	delete(c.building, key)
@@ -126,6 +138,7 @@ func (c *carCache) build(ctx context.Context, did, commit string, export func(io
 		for c.used > c.max && c.lru.Len() > 1 {
 			c.dropLocked(c.lru.Back())
 		}
+		metrics.CARCacheBytes.Set(float64(c.used))
 	}
 	c.mu.Unlock()
 	b.err = err

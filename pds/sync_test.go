@@ -292,11 +292,14 @@ func TestGetRepoFromCache(t *testing.T) {
 		require.Equal(t, strconv.Itoa(len(body)), resp.Header.Get("Content-Length"))
 		return body
 	}
+	hits := func() float64 { return scrape(t)["bulwark_car_cache_hits_total"] }
 	first := getRepo()
 	requireCARMatchesIndex(t, bytes.NewReader(first), b.recordIndex(t, did))
+	before := hits()
 	require.Equal(t, int64(1), cache.builds.Load())
 	require.Equal(t, first, getRepo(), "served again from the file")
 	require.Equal(t, int64(1), cache.builds.Load())
+	require.GreaterOrEqual(t, hits()-before, 1.0, "counted in bulwark_car_cache_hits_total")
 	req, err := http.NewRequest(http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil)
 	require.NoError(t, err)
 	hresp, err := http.DefaultClient.Do(req)
