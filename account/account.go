@@ -637,13 +637,13 @@ func (a *Auth) Privileged() bool { return a.Scope == ScopeAccess || a.Scope == S
 // has not ended. Account status is reported, not judged: callers decide
 // whether a deactivated account may proceed.
 func (s *Service) Authenticate(ctx context.Context, accessToken string) (*Auth, error) {
-	c, err := s.tokens.parse(accessToken, typAccess, ScopeAccess, ScopeAppPass, ScopeAppPassPrivileged)
+	a, err := s.ParseAccess(accessToken)
 	if err != nil {
 		return nil, err
 	}
 	var handle, status string
 	var live bool
-	err = s.pool.QueryRow(ctx, qCheckSession, c.DID.String(), c.ID).Scan(&handle, &status, &live)
+	err = s.pool.QueryRow(ctx, qCheckSession, a.DID.String(), a.SessionID).Scan(&handle, &status, &live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ruleErr(ErrInvalidToken, "the account no longer exists")
 	}
@@ -653,7 +653,8 @@ func (s *Service) Authenticate(ctx context.Context, accessToken string) (*Auth, 
 	if !live {
 		return nil, ruleErr(ErrInvalidToken, "the session has ended")
 	}
-	return &Auth{DID: c.DID, Handle: syntax.Handle(handle), Status: Status(status), Scope: c.Scope, SessionID: c.ID}, nil
+	a.Handle, a.Status = syntax.Handle(handle), Status(status)
+	return a, nil
 }
 
 // ParseAccess verifies an access token without the database: signature,

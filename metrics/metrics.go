@@ -72,6 +72,23 @@ var (
 	})
 )
 
+// Writes first (package priority): the pauses background streams take
+// while writes are in flight.
+var (
+	BackgroundPauses = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "priority", Name: "background_pauses_total",
+		Help: "Chunks of background streams (getRepo exports, blob downloads, firehose backfill pages) held back while writes were in flight.",
+	})
+	BackgroundPauseTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "priority", Name: "background_pause_timeouts_total",
+		Help: "Background pauses that ended at the maximum pause with writes still in flight.",
+	})
+	BackgroundPauseSeconds = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "priority", Name: "background_pause_seconds_total",
+		Help: "Time background streams spent paused while writes were in flight.",
+	})
+)
+
 // Repository and event log.
 var (
 	// Commits counts repository commits written (one per write
@@ -138,6 +155,7 @@ func init() {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: namespace}),
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
+		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
 		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/metrics"
@@ -292,33 +291,11 @@ func (s *Server) observeRequest(r *http.Request, status int, hijacked bool, elap
 // (one unit per export), for metrics; nil when unbounded.
 func (s *Server) ExportSlots() *budget.Budget { return s.protect.exports }
 
-// Writes first: the pauses background streams take while writes are in
-// flight (package priority), in the metrics. They live here rather than in
-// package metrics because only the gates New makes report them.
-var (
-	backgroundPauses = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "bulwark", Subsystem: "priority", Name: "background_pauses_total",
-		Help: "Chunks of background streams (getRepo exports, blob downloads) held back while writes were in flight.",
-	})
-	backgroundPauseTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "bulwark", Subsystem: "priority", Name: "background_pause_timeouts_total",
-		Help: "Background pauses that ended at the maximum pause with writes still in flight.",
-	})
-	backgroundPauseSeconds = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "bulwark", Subsystem: "priority", Name: "background_pause_seconds_total",
-		Help: "Time background streams spent paused while writes were in flight.",
-	})
-)
-
-func init() {
-	metrics.Registry.MustRegister(backgroundPauses, backgroundPauseTimeouts, backgroundPauseSeconds)
-}
-
 func observeBackgroundPause(d time.Duration, timedOut bool) {
-	backgroundPauses.Inc()
-	backgroundPauseSeconds.Add(d.Seconds())
+	metrics.BackgroundPauses.Inc()
+	metrics.BackgroundPauseSeconds.Add(d.Seconds())
 	if timedOut {
-		backgroundPauseTimeouts.Inc()
+		metrics.BackgroundPauseTimeouts.Inc()
 	}
 }
 

@@ -522,7 +522,7 @@ func (s *Server) coolOff(rec *responseRecorder, r *http.Request) {
 	if max <= 0 {
 		return
 	}
-	if peer, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || s.trusted(peer.Addr().Unmap()) {
+	if peer, ok := peerAddr(r); !ok || s.trusted(peer) {
 		return
 	}
 	wait := max
@@ -547,11 +547,10 @@ func (s *Server) coolOff(rec *responseRecorder, r *http.Request) {
 // not one. Walking from the right matters: everything left of the last
 // trusted hop was written by the client and may be forged.
 func (s *Server) clientIP(r *http.Request) netip.Addr {
-	peer, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
+	addr, ok := peerAddr(r)
+	if !ok {
 		return netip.Addr{}
 	}
-	addr := peer.Addr().Unmap()
 	if !s.trusted(addr) {
 		return addr
 	}
@@ -568,6 +567,15 @@ func (s *Server) clientIP(r *http.Request) netip.Addr {
 		addr = hop
 	}
 	return addr
+}
+
+// peerAddr is the TCP peer of r.
+func peerAddr(r *http.Request) (netip.Addr, bool) {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return peer.Addr().Unmap(), true
 }
 
 func (s *Server) trusted(a netip.Addr) bool {

@@ -571,7 +571,8 @@ type streamWriter struct {
 	rate *rate.Limiter
 }
 
-// pace makes the stream draw its bytes from lim (nil: unpaced).
+// pace makes the stream draw its bytes from lim (nil: unpaced). Call it
+// after background, whose context the waits honour.
 func (sw *streamWriter) pace(lim *rate.Limiter) { sw.rate = lim }
 
 func newStreamWriter(w http.ResponseWriter) *streamWriter {
@@ -612,13 +613,9 @@ func (sw *streamWriter) Write(p []byte) (int, error) {
 // wait takes n bytes from the shared rate, in pieces no larger than its
 // burst, waiting as needed.
 func (sw *streamWriter) wait(n int) error {
-	ctx := sw.ctx
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	for n > 0 {
 		k := min(n, sw.rate.Burst())
-		if err := sw.rate.WaitN(ctx, k); err != nil {
+		if err := sw.rate.WaitN(sw.ctx, k); err != nil {
 			return err
 		}
 		n -= k

@@ -680,7 +680,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	}
 
 	rows := &commitRows{did: did.String(), rev: rev, ev: ev,
-		root:     rootRow{commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(), rev: rev},
+		commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(),
 		nodeCIDs: nodeCIDs, nodeData: nodeData, rmNodes: make([][]byte, len(removed))}
 	for i, c := range removed {
 		rows.rmNodes[i] = c.Bytes()
@@ -730,24 +730,18 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	}, nil
 }
 
-// rootRow is a repo_roots row as stored: commit CID, signed commit block,
-// MST root CID, rev.
-type rootRow struct {
-	commitCID, commit, data []byte
-	rev                     string
-}
-
-// commitRows is everything one commit stores: MST nodes dropped and
-// written, records deleted and upserted, the new root, the event.
+// commitRows is everything one commit stores: the new root (commit CID,
+// signed commit block, MST root CID, rev), MST nodes dropped and written,
+// records deleted and upserted, the event.
 type commitRows struct {
-	did, rev           string
-	rmNodes            [][]byte
-	nodeCIDs, nodeData [][]byte
-	delCols, delRKeys  []string
-	upCols, upRKeys    []string
-	upCIDs, upData     [][]byte
-	root               rootRow
-	ev                 *firehose.Encoded
+	did, rev                string
+	commitCID, commit, data []byte
+	rmNodes                 [][]byte
+	nodeCIDs, nodeData      [][]byte
+	delCols, delRKeys       []string
+	upCols, upRKeys         []string
+	upCIDs, upData          [][]byte
+	ev                      *firehose.Encoded
 }
 
 // queue adds the statements that store c to b, moving the repo's root from
@@ -764,12 +758,12 @@ func (e *Engine) queue(b *pgx.Batch, c *commitRows, old []byte) {
 		if c.ev.Rev != "" {
 			evRev = &c.ev.Rev
 		}
-		b.Queue(qCommit, c.did, old, c.root.commitCID, c.root.commit, c.root.data, c.rev,
+		b.Queue(qCommit, c.did, old, c.commitCID, c.commit, c.data, c.rev,
 			c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
 			string(c.ev.Kind), evRev, c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount)
 		return
 	}
-	b.Queue(qSwapRoot, c.did, old, c.root.commitCID, c.root.commit, c.root.data, c.rev)
+	b.Queue(qSwapRoot, c.did, old, c.commitCID, c.commit, c.data, c.rev)
 	if len(c.rmNodes) > 0 {
 		b.Queue(qDeleteNodes, c.did, c.rmNodes)
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -31,25 +30,9 @@ func TestServeProtection(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan int, 1)
-	var logs syncBuffer
 	args := []string{"serve", "--database-url", dbtest.NewURL(t), "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
 		"--metrics-listen", metricsAddr, "--ratelimits", "global=3/5m", "--inflight-budget", "32MiB"}
-	go func() { done <- run(ctx, args, io.Discard, &logs) }()
-	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
-	var addr string
-	require.Eventually(t, func() bool {
-		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
-			addr = m[1]
-			return true
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited with %d: %s", code, logs.String())
-		default:
-		}
-		return false
-	}, waitLimit, 50*time.Millisecond)
+	addr, done, logs := startServe(t, ctx, args)
 
 	get := func(u string) (int, http.Header, string) {
 		resp, err := http.Get(u)

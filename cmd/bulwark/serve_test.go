@@ -28,6 +28,31 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
+// startServe runs `bulwark serve` with args in this process until ctx
+// ends, and waits for it to listen: it returns the address, the channel
+// that gets its exit code, and its log.
+func startServe(t *testing.T, ctx context.Context, args []string) (string, <-chan int, *syncBuffer) {
+	t.Helper()
+	done := make(chan int, 1)
+	logs := &syncBuffer{}
+	go func() { done <- run(ctx, args, io.Discard, logs) }()
+	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
+	var addr string
+	require.Eventually(t, func() bool {
+		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+			return true
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited with %d: %s", code, logs.String())
+		default:
+		}
+		return false
+	}, waitLimit, 50*time.Millisecond)
+	return addr, done, logs
+}
+
 // waitLimit guards every wait below so that a broken server fails the test
 // instead of hanging it. It is generous (initdb and crash recovery on a
 // loaded CI machine) and is not a performance assertion.
@@ -99,24 +124,7 @@ func TestExternalDatabase(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan int, 1)
-	var logs syncBuffer
-	go func() { done <- run(ctx, append([]string{"serve"}, base...), io.Discard, &logs) }()
-
-	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
-	var addr string
-	require.Eventually(t, func() bool {
-		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
-			addr = m[1]
-			return true
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited with %d: %s", code, logs.String())
-		default:
-		}
-		return false
-	}, waitLimit, 50*time.Millisecond)
+	addr, done, logs := startServe(t, ctx, append([]string{"serve"}, base...))
 
 	resp, err := http.Get("http://" + addr + "/xrpc/_health")
 	require.NoError(t, err)
