@@ -141,11 +141,7 @@ func encode(kind Kind, did, rev string, blocksLen, opsCount int, marshal func(w 
 // Append stores an encoded event, unsequenced, through q (normally the
 // writer's transaction). The Sequencer gives it a seq once it commits.
 func Append(ctx context.Context, q Execer, ev *Encoded) error {
-	var rev *string
-	if ev.Rev != "" {
-		rev = &ev.Rev
-	}
-	_, err := q.Exec(ctx, qInsertEvent, ev.DID, string(ev.Kind), rev, ev.Body, ev.SeqOffset, ev.BlocksLen, ev.OpsCount)
+	_, err := q.Exec(ctx, qInsertEvent, ev.DID, string(ev.Kind), ev.RevArg(), ev.Body, ev.SeqOffset, ev.BlocksLen, ev.OpsCount)
 	if err != nil {
 		return fmt.Errorf("appending #%s event: %w", ev.Kind, db.Translate(err))
 	}
@@ -310,9 +306,14 @@ func appendCBORUint(dst []byte, v uint64) []byte {
 // QueueAppend queues the insert of an encoded event on b, for writers that
 // send their whole commit as one batch.
 func QueueAppend(b *pgx.Batch, ev *Encoded) {
-	var rev *string
-	if ev.Rev != "" {
-		rev = &ev.Rev
+	b.Queue(qInsertEvent, ev.DID, string(ev.Kind), ev.RevArg(), ev.Body, ev.SeqOffset, ev.BlocksLen, ev.OpsCount)
+}
+
+// RevArg is the event's rev as the events.rev column takes it: NULL for
+// events without one (#identity, #account).
+func (e *Encoded) RevArg() *string {
+	if e.Rev == "" {
+		return nil
 	}
-	b.Queue(qInsertEvent, ev.DID, string(ev.Kind), rev, ev.Body, ev.SeqOffset, ev.BlocksLen, ev.OpsCount)
+	return &e.Rev
 }

@@ -239,7 +239,9 @@ func (s *Server) serveCachedRepo(w http.ResponseWriter, r *http.Request, did syn
 	}
 	sw := s.exportWriter(w, r)
 	buf := make([]byte, streamBuffer)
-	if _, err := io.CopyBuffer(struct{ io.Writer }{sw}, f, buf); err != nil {
+	// The file is copied through buf, one stream chunk per write (a bare
+	// *os.File would pick its own copy and chunk size).
+	if _, err := io.CopyBuffer(sw, struct{ io.Reader }{f}, buf); err != nil {
 		return s.endStream(r, sw, err)
 	}
 	return nil

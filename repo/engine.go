@@ -754,13 +754,9 @@ func (e *Engine) queue(b *pgx.Batch, c *commitRows, old []byte) {
 		b.Queue(qGlobalCommitLock)
 	}
 	if !e.perStatement {
-		var evRev *string
-		if c.ev.Rev != "" {
-			evRev = &c.ev.Rev
-		}
 		b.Queue(qCommit, c.did, old, c.commitCID, c.commit, c.data, c.rev,
 			c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
-			string(c.ev.Kind), evRev, c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount)
+			string(c.ev.Kind), c.ev.RevArg(), c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount)
 		return
 	}
 	b.Queue(qSwapRoot, c.did, old, c.commitCID, c.commit, c.data, c.rev)
