@@ -14,6 +14,7 @@ import (
 	"github.com/ipfs/go-cid"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/ratelimit"
@@ -108,7 +109,7 @@ func swapRecordField(raw json.RawMessage) (*repo.Swap, error) {
 }
 
 func parseCollection(raw string) (syntax.NSID, error) {
-	n, err := syntax.ParseNSID(raw)
+	n, err := fastsyntax.ParseNSID(raw)
 	if err != nil {
 		return "", InvalidRequest("collection %q is not an NSID: %v", raw, err)
 	}
@@ -116,7 +117,7 @@ func parseCollection(raw string) (syntax.NSID, error) {
 }
 
 func parseRKey(raw string) (syntax.RecordKey, error) {
-	k, err := syntax.ParseRecordKey(raw)
+	k, err := fastsyntax.ParseRecordKey(raw)
 	if err != nil {
 		return "", InvalidRequest("rkey %q is not a valid record key: %v", raw, err)
 	}

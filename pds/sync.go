@@ -24,6 +24,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -272,11 +273,11 @@ func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) err
 	if err := p.Err(); err != nil {
 		return err
 	}
-	coll, err := syntax.ParseNSID(rawColl)
+	coll, err := fastsyntax.ParseNSID(rawColl)
 	if err != nil {
 		return InvalidRequest("parameter \"collection\": %v", err)
 	}
-	rkey, err := syntax.ParseRecordKey(rawRKey)
+	rkey, err := fastsyntax.ParseRecordKey(rawRKey)
 	if err != nil {
 		return InvalidRequest("parameter \"rkey\": %v", err)
 	}

@@ -180,6 +180,10 @@ func printStatementStats(b *testing.B, pool *pgxpool.Pool) {
 	if err := pool.QueryRow(ctx, "SELECT avg(octet_length(body)), avg(pg_column_size(body)) FROM events").Scan(&avgBody, &avgStored); err == nil {
 		fmt.Printf("event body: %.0f bytes on average, %.0f stored\n", avgBody, avgStored)
 	}
+	var walRecords, walBytes, walWrites, walSyncs int64
+	if err := pool.QueryRow(ctx, "SELECT wal_records, wal_bytes::bigint, wal_write, wal_sync FROM pg_stat_wal").Scan(&walRecords, &walBytes, &walWrites, &walSyncs); err == nil {
+		fmt.Printf("WAL since the cluster started: %d records, %d bytes, %d writes, %d syncs\n", walRecords, walBytes, walWrites, walSyncs)
+	}
 	rows, err := pool.Query(ctx, `SELECT calls, round(total_exec_time::numeric, 1), round((total_exec_time/nullif(calls, 0)*1000)::numeric, 1),
 		round(total_plan_time::numeric, 1), coalesce((wal_bytes/nullif(calls, 0))::bigint, 0), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
 		FROM pg_stat_statements WHERE calls > 0 AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -293,4 +297,11 @@ func BenchmarkCommitOneWriter_PerStatement(b *testing.B) {
 
 func BenchmarkCommit16Writers16Repos_PerStatement(b *testing.B) {
 	runCommitBench(b, 16, 16, Config{perStatement: true})
+}
+
+// BenchmarkCommitOneWriter_NoSplit sends a lone writer's commits as one
+// statement, as concurrent commits are: what the split commit (overlap.go)
+// saves.
+func BenchmarkCommitOneWriter_NoSplit(b *testing.B) {
+	runCommitBench(b, 1, 1, Config{split: splitNever})
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/multiformats/go-multihash"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
@@ -109,6 +110,8 @@ type Config struct {
 	// perStatement sends a commit's statements one by one in its batch
 	// instead of one bulwark_commit call, for the benchmarks' comparison.
 	perStatement bool
+	// split chooses when a commit is sent in two parts (overlap.go).
+	split int
 }
 
 // Engine reads and writes repositories.
@@ -116,6 +119,9 @@ type Engine struct {
 	// Counters of the one-round-trip path: commits it stored, and attempts
 	// the database refused because another writer had moved the root.
 	fastCommits, staleRoots atomic.Int64
+	// active counts commits in flight (between taking a connection and
+	// storing), to choose between the one-statement and split commit.
+	active atomic.Int64
 
 	// writers queues this process's Apply calls per repo, first come first
 	// served: one at a time, each finds the tree its predecessor left in
@@ -127,6 +133,7 @@ type Engine struct {
 
 	globalLock   bool
 	perStatement bool
+	split        int
 	blobs        BlobTracker
 	pool         *pgxpool.Pool
 	keys         KeySource
@@ -148,6 +155,7 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		writers:      map[string]*writerQueue{},
 		globalLock:   cfg.globalLock,
 		perStatement: cfg.perStatement,
+		split:        cfg.split,
 		blobs:        cfg.Blobs,
 		pool:         pool,
 		keys:         keys,
@@ -244,10 +252,10 @@ func (e *Engine) prepare(writes []Write) ([]preparedWrite, error) {
 		default:
 			return nil, fmt.Errorf("%w: unknown action %q", ErrInvalidWrite, w.Action)
 		}
-		if _, err := syntax.ParseNSID(string(w.Collection)); err != nil {
+		if _, err := fastsyntax.ParseNSID(string(w.Collection)); err != nil {
 			return nil, fmt.Errorf("%w: collection %q: %v", ErrInvalidWrite, w.Collection, err)
 		}
-		if _, err := syntax.ParseRecordKey(string(pw.RKey)); err != nil {
+		if _, err := fastsyntax.ParseRecordKey(string(pw.RKey)); err != nil {
 			return nil, fmt.Errorf("%w: record key %q: %v", ErrInvalidWrite, pw.RKey, err)
 		}
 		pw.path = string(w.Collection) + "/" + string(pw.RKey)
@@ -339,12 +347,14 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 		return nil, err
 	}
 	defer leave()
+	active := e.active.Add(1)
+	defer e.active.Add(-1)
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
 	}
 	defer conn.Release()
-	res, newState, done, err := e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard)
+	res, newState, done, err := e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard, e.useSplit(active))
 	if err != nil {
 		return nil, err
 	}
@@ -415,7 +425,7 @@ const errRootMoved = "BW001"
 // which reads the root inside the lock. Commits whose records touch blob
 // references take that path too, since the blob tracker needs the
 // transaction open.
-func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard) (*CommitResult, *repoState, bool, error) {
+func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, split bool) (*CommitResult, *repoState, bool, error) {
 	if e.blobs != nil {
 		for _, w := range writes {
 			if w.Action != ActionCreate || len(atdata.ExtractBlobs(w.Record)) > 0 {
@@ -430,6 +440,9 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 	if swapCommit != nil && !swapCommit.Equals(st.commit) {
 		// The two-round-trip path reports the swap against the database.
 		return nil, nil, false, nil
+	}
+	if split {
+		return e.applySplit(ctx, conn, st, did, key, writes, guard)
 	}
 	built := st.commit
 	p, err := e.plan(ctx, st, did, key, writes)
@@ -550,12 +563,48 @@ type commitPlan struct {
 // checking every limit. It does no I/O; st.tree is mutated, so st may go
 // back into the cache only once the commit is stored.
 func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite) (*commitPlan, error) {
+	tp, err := e.planTree(ctx, st, did, writes)
+	if err != nil || tp.unchanged != nil {
+		return tp.unchangedPlan(), err
+	}
+	return tp.seal(key)
+}
+
+// treePlan is the first half of a commit's plan: the tree after the
+// writes, with the rows that store it (MST nodes, records), everything a
+// commit stores that does not depend on its signature.
+type treePlan struct {
+	st               *repoState
+	did              syntax.DID
+	oldData          cid.Cid
+	rev              string
+	root             cid.Cid
+	ops              []*comatproto.SyncSubscribeRepos_RepoOp
+	results          []WriteResult
+	upserts, deletes []preparedWrite
+	created          map[string]bool
+	diff             *diffCollector
+	removed          []cid.Cid
+	newKids          map[cid.Cid][]cid.Cid
+	rows             *commitRows // the tree's fields only, until seal
+	unchanged        *commitPlan // set when the writes change nothing
+	trackBlobs       bool        // the engine has a blob tracker
+}
+
+func (tp *treePlan) unchangedPlan() *commitPlan {
+	if tp == nil {
+		return nil
+	}
+	return tp.unchanged
+}
+
+// planTree applies writes to st's tree and works out the tree's rows. When
+// the writes change nothing, unchanged holds the commit's (empty) plan.
+func (e *Engine) planTree(ctx context.Context, st *repoState, did syntax.DID, writes []preparedWrite) (*treePlan, error) {
 	oldCommit, oldData, oldRev := st.commit, st.data, st.rev
 
-	var ops []*comatproto.SyncSubscribeRepos_RepoOp
-	results := make([]WriteResult, 0, len(writes))
-	var upserts, deletes []preparedWrite
-	created := make(map[string]bool, len(writes))
+	tp := &treePlan{st: st, did: did, oldData: oldData, trackBlobs: e.blobs != nil, created: make(map[string]bool, len(writes)),
+		results: make([]WriteResult, 0, len(writes))}
 	for _, w := range writes {
 		var val *cid.Cid
 		if w.Action != ActionDelete {
@@ -580,12 +629,12 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 			res.Action = ActionCreate
 		case w.Action == ActionUpdate && op.Prev.Equals(w.cid):
 			// Identical record: no operation to report.
-			results = append(results, res)
+			tp.results = append(tp.results, res)
 			continue
 		}
-		results = append(results, res)
+		tp.results = append(tp.results, res)
 		if res.Action == ActionCreate {
-			created[w.path] = true
+			tp.created[w.path] = true
 		}
 		rop := &comatproto.SyncSubscribeRepos_RepoOp{Action: string(res.Action), Path: w.path}
 		if val != nil {
@@ -596,26 +645,58 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 			l := lexutil.LexLink(*op.Prev)
 			rop.Prev = &l
 		}
-		ops = append(ops, rop)
+		tp.ops = append(tp.ops, rop)
 		if w.Action == ActionDelete {
-			deletes = append(deletes, w)
+			tp.deletes = append(tp.deletes, w)
 		} else {
-			upserts = append(upserts, w)
+			tp.upserts = append(tp.upserts, w)
 		}
 	}
-	if len(ops) == 0 {
-		return &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}}, nil
+	if len(tp.ops) == 0 {
+		tp.unchanged = &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: tp.results}}
+		return tp, nil
 	}
 
 	// INDIGO.md trap 1: write the diff before asking for the root.
-	diff := newDiffCollector()
-	root, err := st.tree.WriteDiffBlocks(ctx, diff)
+	tp.diff = newDiffCollector()
+	root, err := st.tree.WriteDiffBlocks(ctx, tp.diff)
 	if err != nil {
 		return nil, fmt.Errorf("writing MST diff: %w", err)
 	}
+	tp.root = *root
+	tp.rev = e.nextRev(oldRev)
+	tp.removed, tp.newKids, err = st.removedNodes(oldData, tp.diff)
+	if err != nil {
+		return nil, err
+	}
 
-	rev := e.nextRev(oldRev)
-	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: *root, Rev: rev}
+	rows := &commitRows{did: did.String(), rev: tp.rev, data: root.Bytes(),
+		nodeCIDs: make([][]byte, 0, len(tp.diff.blocks)), nodeData: make([][]byte, 0, len(tp.diff.blocks)),
+		rmNodes: make([][]byte, len(tp.removed))}
+	for _, b := range tp.diff.blocks {
+		rows.nodeCIDs = append(rows.nodeCIDs, b.Cid().Bytes())
+		rows.nodeData = append(rows.nodeData, b.RawData())
+	}
+	for i, c := range tp.removed {
+		rows.rmNodes[i] = c.Bytes()
+	}
+	for _, w := range tp.deletes {
+		rows.delCols, rows.delRKeys = append(rows.delCols, string(w.Collection)), append(rows.delRKeys, string(w.RKey))
+	}
+	for _, w := range tp.upserts {
+		rows.upCols, rows.upRKeys = append(rows.upCols, string(w.Collection)), append(rows.upRKeys, string(w.RKey))
+		rows.upCIDs, rows.upData = append(rows.upCIDs, w.cid.Bytes()), append(rows.upData, w.block)
+	}
+	tp.rows = rows
+	return tp, nil
+}
+
+// seal signs the commit over tp's tree, builds its event and checks the
+// commit's size limits: the second half of a plan.
+func (tp *treePlan) seal(key atcrypto.PrivateKey) (*commitPlan, error) {
+	st, did, rev, root := tp.st, tp.did, tp.rev, tp.root
+	since := st.rev
+	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: root, Rev: rev}
 	if err := commit.Sign(key); err != nil {
 		return nil, fmt.Errorf("signing commit: %w", err)
 	}
@@ -634,35 +715,30 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	car := newCARBuilder(commitCID)
 	car.add(commitCID, commitBytes)
 	recordBytes := 0
-	for _, w := range upserts {
+	for _, w := range tp.upserts {
 		if car.add(w.cid, w.block) {
 			recordBytes += len(w.block)
 		}
 	}
-	nodeCIDs := make([][]byte, 0, len(diff.blocks))
-	nodeData := make([][]byte, 0, len(diff.blocks))
-	for _, b := range diff.blocks {
+	for _, b := range tp.diff.blocks {
 		car.add(b.Cid(), b.RawData())
-		nodeCIDs = append(nodeCIDs, b.Cid().Bytes())
-		nodeData = append(nodeData, b.RawData())
 	}
 	carBytes := car.bytes()
 	if len(carBytes) > MaxCommitBlocksBytes {
 		return nil, &LimitError{
 			Limit: LimitCommitBlocks, Size: len(carBytes), Max: MaxCommitBlocksBytes,
-			Detail: fmt.Sprintf("%d records totalling %s bytes", len(upserts), commas(recordBytes)),
+			Detail: fmt.Sprintf("%d records totalling %s bytes", len(tp.upserts), commas(recordBytes)),
 		}
 	}
 
-	since := oldRev
-	prevData := lexutil.LexLink(oldData)
+	prevData := lexutil.LexLink(tp.oldData)
 	ev, err := firehose.EncodeCommit(&comatproto.SyncSubscribeRepos_Commit{
 		Repo:     did.String(),
 		Commit:   lexutil.LexLink(commitCID),
 		Rev:      rev,
 		Since:    &since,
 		Blocks:   carBytes,
-		Ops:      ops,
+		Ops:      tp.ops,
 		Blobs:    []lexutil.LexLink{},
 		Time:     syntax.DatetimeNow().String(),
 		PrevData: &prevData,
@@ -674,34 +750,19 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
 	}
 
-	removed, newKids, err := st.removedNodes(oldData, diff)
-	if err != nil {
-		return nil, err
-	}
-
-	rows := &commitRows{did: did.String(), rev: rev, ev: ev,
-		commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(),
-		nodeCIDs: nodeCIDs, nodeData: nodeData, rmNodes: make([][]byte, len(removed))}
-	for i, c := range removed {
-		rows.rmNodes[i] = c.Bytes()
-	}
-	for _, w := range deletes {
-		rows.delCols, rows.delRKeys = append(rows.delCols, string(w.Collection)), append(rows.delRKeys, string(w.RKey))
-	}
-	for _, w := range upserts {
-		rows.upCols, rows.upRKeys = append(rows.upCols, string(w.Collection)), append(rows.upRKeys, string(w.RKey))
-		rows.upCIDs, rows.upData = append(rows.upCIDs, w.cid.Bytes()), append(rows.upData, w.block)
-	}
+	rows := tp.rows
+	rows.ev, rows.commitCID, rows.commit = ev, commitCID.Bytes(), commitBytes
 	var changes []RecordBlobs
-	if e.blobs != nil {
-		changes = make([]RecordBlobs, 0, len(upserts)+len(deletes))
-		for _, w := range upserts {
-			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: created[w.path]})
+	if tp.trackBlobs {
+		changes = make([]RecordBlobs, 0, len(tp.upserts)+len(tp.deletes))
+		for _, w := range tp.upserts {
+			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: tp.created[w.path]})
 		}
-		for _, w := range deletes {
+		for _, w := range tp.deletes {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
 		}
 	}
+	removed, newKids, diff := tp.removed, tp.newKids, tp.diff
 	finish := func() {
 		for _, c := range removed {
 			st.size -= int64(len(st.nodes[c]))
@@ -720,10 +781,10 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 				st.size += int64(len(b.RawData()))
 			}
 		}
-		st.data, st.commit, st.rev = *root, commitCID, rev
+		st.data, st.commit, st.rev = root, commitCID, rev
 	}
 	return &commitPlan{
-		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: results},
+		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: tp.results},
 		rows:        rows,
 		blobChanges: changes,
 		finish:      finish,
