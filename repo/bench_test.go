@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,9 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	bctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	go seq.Run(bctx)
+	if v := os.Getenv("BENCH_GROUP_LEADERS"); v != "" && cfg.groupLeaders == 0 {
+		cfg.groupLeaders, _ = strconv.Atoi(v)
+	}
 	var waker Waker = seq
 	if os.Getenv("BENCH_NOWAKE") != "" {
 		waker = nil
@@ -151,6 +155,7 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	cpu1 := sampleCPU(b)
 	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
 	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
+	b.ReportMetric(100*float64(bb.engine.groupedCommits.Load())/float64(b.N), "grouped-%")
 	if os.Getenv("BENCH_PG_STATS") != "" {
 		printStatementStats(b, bb.pool)
 	}
@@ -304,4 +309,45 @@ func BenchmarkCommit16Writers16Repos_PerStatement(b *testing.B) {
 // saves.
 func BenchmarkCommitOneWriter_NoSplit(b *testing.B) {
 	runCommitBench(b, 1, 1, Config{split: splitNever})
+}
+
+// BenchmarkCommitOneWriter_SplitAB alternates a lone writer's commits
+// between the two shapes, commit by commit, so that both see the same
+// machine (this VM's steal varies from minute to minute), and reports each
+// shape's latency.
+func BenchmarkCommitOneWriter_SplitAB(b *testing.B) {
+	bb := benchSetup(b, Config{})
+	did := bb.newRepo(b, 0)
+	ctx := context.Background()
+	var lat [2]latencies
+	b.ResetTimer()
+	for i := range b.N {
+		bb.engine.split = []int{splitNever, splitAlways}[i%2]
+		t0 := time.Now()
+		if _, err := bb.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "", post("benchmark post"))}, nil); err != nil {
+			b.Fatal(err)
+		}
+		lat[i%2].add(time.Since(t0))
+	}
+	b.StopTimer()
+	for i, name := range []string{"one-statement", "split"} {
+		l := &lat[i]
+		if len(l.d) == 0 {
+			continue
+		}
+		slices.Sort(l.d)
+		var sum time.Duration
+		for _, d := range l.d {
+			sum += d
+		}
+		b.ReportMetric(float64(sum.Microseconds())/float64(len(l.d)), name+"-mean-µs")
+		b.ReportMetric(float64(l.d[len(l.d)/2].Microseconds()), name+"-p50-µs")
+		b.ReportMetric(float64(l.d[len(l.d)*99/100].Microseconds()), name+"-p99-µs")
+	}
+}
+
+// BenchmarkCommit16Writers16Repos_NoGroup stores every commit in its own
+// transaction: what group commit (group.go) saves.
+func BenchmarkCommit16Writers16Repos_NoGroup(b *testing.B) {
+	runCommitBench(b, 16, 16, Config{groupLeaders: -1})
 }

@@ -112,6 +112,9 @@ type Config struct {
 	perStatement bool
 	// split chooses when a commit is sent in two parts (overlap.go).
 	split int
+	// groupLeaders is how many commit groups may be in flight at once
+	// (group.go); 0 means the default, negative turns grouping off.
+	groupLeaders int
 }
 
 // Engine reads and writes repositories.
@@ -119,6 +122,10 @@ type Engine struct {
 	// Counters of the one-round-trip path: commits it stored, and attempts
 	// the database refused because another writer had moved the root.
 	fastCommits, staleRoots atomic.Int64
+	// Group commit counters: commits stored in a group of several, and
+	// groups refused whole and stored one by one.
+	groupedCommits, splitGroups atomic.Int64
+	group                       groupCommitter
 	// active counts commits in flight (between taking a connection and
 	// storing), to choose between the one-statement and split commit.
 	active atomic.Int64
@@ -151,11 +158,15 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.groupLeaders == 0 {
+		cfg.groupLeaders = defaultGroupLeaders
+	}
 	return &Engine{
 		writers:      map[string]*writerQueue{},
 		globalLock:   cfg.globalLock,
 		perStatement: cfg.perStatement,
 		split:        cfg.split,
+		group:        groupCommitter{maxLeaders: cfg.groupLeaders},
 		blobs:        cfg.Blobs,
 		pool:         pool,
 		keys:         keys,
@@ -349,16 +360,17 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 	defer leave()
 	active := e.active.Add(1)
 	defer e.active.Add(-1)
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
-	}
-	defer conn.Release()
-	res, newState, done, err := e.applyOptimistic(ctx, conn, did, key, prepared, swapCommit, guard, e.useSplit(active))
+	lc := &lazyConn{pool: e.pool}
+	defer lc.release()
+	res, newState, done, err := e.applyOptimistic(ctx, lc, did, key, prepared, swapCommit, guard, active)
 	if err != nil {
 		return nil, err
 	}
 	if !done {
+		conn, err := lc.get(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
+		}
 		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit, guard)
 		if err != nil {
 			rollback(ctx, conn)
@@ -425,7 +437,7 @@ const errRootMoved = "BW001"
 // which reads the root inside the lock. Commits whose records touch blob
 // references take that path too, since the blob tracker needs the
 // transaction open.
-func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, split bool) (*CommitResult, *repoState, bool, error) {
+func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (*CommitResult, *repoState, bool, error) {
 	if e.blobs != nil {
 		for _, w := range writes {
 			if w.Action != ActionCreate || len(atdata.ExtractBlobs(w.Record)) > 0 {
@@ -441,7 +453,11 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 		// The two-round-trip path reports the swap against the database.
 		return nil, nil, false, nil
 	}
-	if split {
+	if e.useSplit(active) {
+		conn, err := lc.get(ctx)
+		if err != nil {
+			return nil, nil, true, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
+		}
 		return e.applySplit(ctx, conn, st, did, key, writes, guard)
 	}
 	built := st.commit
@@ -450,21 +466,18 @@ func (e *Engine) applyOptimistic(ctx context.Context, conn *pgxpool.Conn, did sy
 		// The cached state may be stale: let the locked path decide.
 		return nil, nil, false, nil
 	}
-	b := &pgx.Batch{}
-	if guard != nil {
-		b.Queue(guard.SQL, guard.Args...)
+	if e.useGroup(active) {
+		err = e.storeGrouped(ctx, lc, guard, p.rows, built.Bytes())
+	} else if conn, cerr := lc.get(ctx); cerr != nil {
+		err = cerr
+	} else {
+		err = e.storeOne(ctx, conn, guard, p.rows, built.Bytes())
 	}
-	e.queue(b, p.rows, built.Bytes())
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == errRootMoved {
 			e.staleRoots.Add(1)
 			return nil, nil, false, nil
-		}
-		if pe == nil {
-			// Not an answer from the server: the connection may be in
-			// any state, so it is not reused.
-			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		}
 		return nil, nil, true, fmt.Errorf("storing commit: %w", db.Translate(err))
 	}

@@ -63,6 +63,12 @@ func (e *Engine) useSplit(active int64) bool {
 	return active == 1 && !e.perStatement && !e.globalLock
 }
 
+// useGroup reports whether a commit that found active commits in flight
+// should be stored in a group (group.go).
+func (e *Engine) useGroup(active int64) bool {
+	return active > 1 && e.group.maxLeaders > 0 && !e.perStatement && !e.globalLock
+}
+
 // pipelineSender queues prepared statements on a pipeline.
 type pipelineSender struct {
 	conn *pgx.Conn

@@ -1,0 +1,210 @@
+package repo
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Group commit. Concurrent commits to different repos are stored together:
+// one pipeline of their bulwark_commit calls (each after its guard) up to
+// one Sync, so one implicit transaction, one round trip and one WAL flush
+// for the group instead of one each. Postgres already shares a flush among
+// commits that wait on it together; what grouping saves is the rest of a
+// transaction's fixed cost on both sides (the round trip, the backend's
+// wake-ups, commit bookkeeping), which at 16 writers is a good part of the
+// CPU a commit costs on a small machine.
+//
+// There is no committer goroutine: a writer that finds fewer than
+// maxLeaders groups in flight leads one, sending everything queued on its
+// own connection; the others wait for their answer. A leader that
+// finishes hands the lead to the first commit still queued.
+//
+// One failed statement rolls back the whole group (a root another process
+// moved, a refused session). The leader then stores the group's commits
+// one by one, so each gets its own answer, as if they had never been
+// grouped. Commits are sent in DID order, so two processes grouping
+// commits of the same repos lock their rows in the same order.
+
+const (
+	// maxGroup bounds the commits stored in one transaction.
+	maxGroup = 64
+	// defaultGroupLeaders is how many groups may be in flight at once: two
+	// keep Postgres busy on one while the next is being sent.
+	defaultGroupLeaders = 2
+)
+
+type groupCommitter struct {
+	mu         sync.Mutex
+	queue      []*pendingCommit
+	leaders    int
+	maxLeaders int
+}
+
+// pendingCommit is one commit waiting in (or taken from) the group queue.
+type pendingCommit struct {
+	did   string
+	guard *Guard
+	rows  *commitRows
+	old   []byte
+	err   error         // the commit's outcome, set before done is closed
+	done  chan struct{} // closed when stored or refused
+	lead  chan struct{} // a token: lead the next group
+}
+
+// storeGrouped stores one commit (guard, rows, moving the root from old)
+// with whatever other commits are waiting, and returns its outcome.
+func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, rows *commitRows, old []byte) error {
+	c := &pendingCommit{did: rows.did, guard: guard, rows: rows, old: old,
+		done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	g := &e.group
+	g.mu.Lock()
+	g.queue = append(g.queue, c)
+	lead := g.leaders < g.maxLeaders
+	if lead {
+		g.leaders++
+	}
+	g.mu.Unlock()
+	for {
+		if lead {
+			e.leadGroup(ctx, lc)
+			lead = false
+		}
+		select {
+		case <-c.done:
+			// A token given while this commit was still queued must not be
+			// lost: lead once more (the queue may be empty by now).
+			select {
+			case <-c.lead:
+				e.leadGroup(ctx, lc)
+			default:
+			}
+			return c.err
+		case <-c.lead:
+			lead = true
+		}
+	}
+}
+
+// leadGroup stores the queued commits as one group, then hands the lead on.
+func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
+	g := &e.group
+	g.mu.Lock()
+	n := min(len(g.queue), maxGroup)
+	batch := slices.Clone(g.queue[:n])
+	g.queue = slices.Delete(g.queue, 0, n)
+	g.mu.Unlock()
+	if len(batch) > 0 {
+		// A leader's request ending must not fail the commits of others.
+		ctx = context.WithoutCancel(ctx)
+		conn, err := lc.get(ctx)
+		if err != nil {
+			for _, c := range batch {
+				c.err = err
+				close(c.done)
+			}
+		} else {
+			e.storeGroup(ctx, conn, batch)
+		}
+	}
+	g.mu.Lock()
+	g.leaders--
+	if len(g.queue) > 0 && g.leaders < g.maxLeaders {
+		select {
+		case g.queue[0].lead <- struct{}{}:
+			g.leaders++
+		default:
+			// It already holds a token and will lead.
+		}
+	}
+	g.mu.Unlock()
+}
+
+// storeGroup sends batch as one transaction; if it is refused, each commit
+// alone.
+func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pendingCommit) {
+	defer func() {
+		for _, c := range batch {
+			close(c.done)
+		}
+	}()
+	if len(batch) == 1 {
+		batch[0].err = e.storeOne(ctx, conn, batch[0].guard, batch[0].rows, batch[0].old)
+		return
+	}
+	slices.SortFunc(batch, func(a, b *pendingCommit) int { return cmp.Compare(a.did, b.did) })
+	b := &pgx.Batch{}
+	for _, c := range batch {
+		if c.guard != nil {
+			b.Queue(c.guard.SQL, c.guard.Args...)
+		}
+		e.queue(b, c.rows, c.old)
+	}
+	err := conn.SendBatch(ctx, b).Close()
+	if err == nil {
+		e.groupedCommits.Add(int64(len(batch)))
+		return
+	}
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		// Not an answer from the server: whether the group committed is
+		// unknown, and the connection is not reused.
+		_ = conn.Conn().Close(ctx)
+		for _, c := range batch {
+			c.err = err
+		}
+		return
+	}
+	e.splitGroups.Add(1)
+	for _, c := range batch {
+		c.err = e.storeOne(ctx, conn, c.guard, c.rows, c.old)
+	}
+}
+
+// storeOne sends one commit (its guard, then its statements) as one
+// implicit transaction. A connection that failed without an answer from
+// the server is closed.
+func (e *Engine) storeOne(ctx context.Context, conn *pgxpool.Conn, guard *Guard, rows *commitRows, old []byte) error {
+	b := &pgx.Batch{}
+	if guard != nil {
+		b.Queue(guard.SQL, guard.Args...)
+	}
+	e.queue(b, rows, old)
+	err := conn.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	if err != nil && !errors.As(err, &pe) {
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+	}
+	return err
+}
+
+// lazyConn is a pool connection acquired on first use: a commit that waits
+// in a group holds none.
+type lazyConn struct {
+	pool *pgxpool.Pool
+	conn *pgxpool.Conn
+}
+
+func (l *lazyConn) get(ctx context.Context) (*pgxpool.Conn, error) {
+	if l.conn == nil {
+		c, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l.conn = c
+	}
+	return l.conn, nil
+}
+
+func (l *lazyConn) release() {
+	if l.conn != nil {
+		l.conn.Release()
+		l.conn = nil
+	}
+}

@@ -1,0 +1,151 @@
+package repo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// groupMember plans one create on did from the engine's cached tree and
+// returns it as a commit waiting to be stored, with the finish that brings
+// the cache up to date once it is.
+func groupMember(t *testing.T, b *bundle, did syntax.DID, guard *Guard) (*pendingCommit, *commitPlan, *repoState) {
+	t.Helper()
+	ctx := context.Background()
+	st := b.engine.cache.takeAny(did.String())
+	require.NotNil(t, st, "tree of %s not cached", did)
+	prepared, err := b.engine.prepare([]Write{create("app.bsky.feed.post", "", post("grouped"))})
+	require.NoError(t, err)
+	key, err := b.keys.SigningKey(ctx, did)
+	require.NoError(t, err)
+	old := st.commit.Bytes()
+	p, err := b.engine.plan(ctx, st, did, key, prepared)
+	require.NoError(t, err)
+	return &pendingCommit{did: did.String(), guard: guard, rows: p.rows, old: old, done: make(chan struct{}), lead: make(chan struct{}, 1)}, p, st
+}
+
+// A group whose member is refused (a root another engine moved, a guard
+// that raises) is rolled back whole and stored commit by commit: the
+// refused ones get their own error, the others are stored, and nothing of
+// the refused ones is.
+func TestGroupWithRefusedMembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	other := New(b.pool, b.keys, nil, Config{})
+	dids := make([]syntax.DID, 5)
+	for i := range dids {
+		dids[i] = b.newRepo(t, i)
+		_, err := b.engine.Apply(ctx, dids[i], []Write{create("app.bsky.feed.post", "", post("warm"))}, nil)
+		require.NoError(t, err)
+	}
+	// dids[1] moves on behind the engine's back; dids[3]'s guard refuses.
+	_, err := other.Apply(ctx, dids[1], []Write{create("app.bsky.feed.post", "", post("elsewhere"))}, nil)
+	require.NoError(t, err)
+	refuse := &Guard{SQL: `DO $$BEGIN RAISE EXCEPTION 'session refused' USING ERRCODE = 'BW002'; END$$`}
+
+	var batch []*pendingCommit
+	var plans []*commitPlan
+	for i, did := range dids {
+		var g *Guard
+		if i == 3 {
+			g = refuse
+		}
+		c, p, _ := groupMember(t, b, did, g)
+		batch, plans = append(batch, c), append(plans, p)
+	}
+	before := b.counts(t)
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	b.engine.storeGroup(ctx, conn, batch)
+
+	require.Equal(t, int64(1), b.engine.splitGroups.Load(), "the group was not refused whole")
+	codes := map[string]string{}
+	for _, c := range batch {
+		<-c.done
+		var pe *pgconn.PgError
+		if errors.As(c.err, &pe) {
+			codes[c.did] = pe.Code
+		} else {
+			require.NoError(t, c.err, c.did)
+		}
+	}
+	require.Equal(t, map[string]string{dids[1].String(): errRootMoved, dids[3].String(): "BW002"}, codes)
+	after := b.counts(t)
+	require.Equal(t, before["events"]+3, after["events"], "exactly the three sound commits were stored")
+	for i, p := range plans {
+		head, err := b.engine.GetHead(ctx, dids[i])
+		require.NoError(t, err)
+		if i == 1 || i == 3 {
+			require.NotEqual(t, p.res.Commit, head.Commit, "refused commit of repo %d stored", i)
+		} else {
+			require.Equal(t, p.res.Commit, head.Commit, "commit of repo %d not stored", i)
+		}
+	}
+}
+
+// Many writers of different repos through the group committer, one group
+// in flight at a time: every commit is stored and acknowledged, the lead
+// passes on until the queue is empty, and none is left held.
+func TestGroupCommitLeadership(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{groupLeaders: 1})
+	const repos, perRepo = 12, 15
+	acked := map[syntax.DID]map[string]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	dids := make([]syntax.DID, repos)
+	for i := range dids {
+		dids[i] = b.newRepo(t, i)
+		acked[dids[i]] = map[string]bool{}
+	}
+	for _, did := range dids {
+		paths := acked[did]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range perRepo {
+				res, err := b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "", post(fmt.Sprint(j)))}, nil)
+				if !assertNoError(t, err) {
+					return
+				}
+				mu.Lock()
+				paths["app.bsky.feed.post/"+res.Results[0].RKey.String()] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	checkFinalState(t, b, acked)
+	require.Equal(t, repos*perRepo, sum(b.verifyChain(t, b.sequencedEvents(t))))
+	require.Positive(t, b.engine.groupedCommits.Load(), "no commit was stored in a group")
+	b.engine.group.mu.Lock()
+	defer b.engine.group.mu.Unlock()
+	require.Zero(t, b.engine.group.leaders)
+	require.Empty(t, b.engine.group.queue)
+}
+
+func assertNoError(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return true
+}
+
+func sum(m map[syntax.DID]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
