@@ -304,48 +304,6 @@ func BenchmarkCommit16Writers16Repos_PerStatement(b *testing.B) {
 	runCommitBench(b, 16, 16, Config{perStatement: true})
 }
 
-// BenchmarkCommitOneWriter_NoSplit sends a lone writer's commits as one
-// statement, as concurrent commits are: what the split commit (overlap.go)
-// saves.
-func BenchmarkCommitOneWriter_NoSplit(b *testing.B) {
-	runCommitBench(b, 1, 1, Config{split: splitNever})
-}
-
-// BenchmarkCommitOneWriter_SplitAB alternates a lone writer's commits
-// between the two shapes, commit by commit, so that both see the same
-// machine (this VM's steal varies from minute to minute), and reports each
-// shape's latency.
-func BenchmarkCommitOneWriter_SplitAB(b *testing.B) {
-	bb := benchSetup(b, Config{})
-	did := bb.newRepo(b, 0)
-	ctx := context.Background()
-	var lat [2]latencies
-	b.ResetTimer()
-	for i := range b.N {
-		bb.engine.split = []int{splitNever, splitAlways}[i%2]
-		t0 := time.Now()
-		if _, err := bb.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "", post("benchmark post"))}, nil); err != nil {
-			b.Fatal(err)
-		}
-		lat[i%2].add(time.Since(t0))
-	}
-	b.StopTimer()
-	for i, name := range []string{"one-statement", "split"} {
-		l := &lat[i]
-		if len(l.d) == 0 {
-			continue
-		}
-		slices.Sort(l.d)
-		var sum time.Duration
-		for _, d := range l.d {
-			sum += d
-		}
-		b.ReportMetric(float64(sum.Microseconds())/float64(len(l.d)), name+"-mean-µs")
-		b.ReportMetric(float64(l.d[len(l.d)/2].Microseconds()), name+"-p50-µs")
-		b.ReportMetric(float64(l.d[len(l.d)*99/100].Microseconds()), name+"-p99-µs")
-	}
-}
-
 // BenchmarkCommit16Writers16Repos_NoGroup stores every commit in its own
 // transaction: what group commit (group.go) saves.
 func BenchmarkCommit16Writers16Repos_NoGroup(b *testing.B) {

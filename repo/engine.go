@@ -110,8 +110,6 @@ type Config struct {
 	// perStatement sends a commit's statements one by one in its batch
 	// instead of one bulwark_commit call, for the benchmarks' comparison.
 	perStatement bool
-	// split chooses when a commit is sent in two parts (overlap.go).
-	split int
 	// groupLeaders is how many commit groups may be in flight at once
 	// (group.go); 0 means the default, negative turns grouping off.
 	groupLeaders int
@@ -126,8 +124,8 @@ type Engine struct {
 	// groups refused whole and stored one by one.
 	groupedCommits, splitGroups atomic.Int64
 	group                       groupCommitter
-	// active counts commits in flight (between taking a connection and
-	// storing), to choose between the one-statement and split commit.
+	// active counts commits in flight (from the writer's turn to its
+	// answer): a lone commit is sent at once, concurrent ones in groups.
 	active atomic.Int64
 
 	// writers queues this process's Apply calls per repo, first come first
@@ -140,7 +138,6 @@ type Engine struct {
 
 	globalLock   bool
 	perStatement bool
-	split        int
 	blobs        BlobTracker
 	pool         *pgxpool.Pool
 	keys         KeySource
@@ -165,7 +162,6 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		writers:      map[string]*writerQueue{},
 		globalLock:   cfg.globalLock,
 		perStatement: cfg.perStatement,
-		split:        cfg.split,
 		group:        groupCommitter{maxLeaders: cfg.groupLeaders},
 		blobs:        cfg.Blobs,
 		pool:         pool,
@@ -436,7 +432,8 @@ const errRootMoved = "BW001"
 // (another process wrote); the caller then takes the two-round-trip path,
 // which reads the root inside the lock. Commits whose records touch blob
 // references take that path too, since the blob tracker needs the
-// transaction open.
+// transaction open. While other commits are in flight, the batch joins a
+// group of them (group.go).
 func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (*CommitResult, *repoState, bool, error) {
 	if e.blobs != nil {
 		for _, w := range writes {
@@ -452,13 +449,6 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 	if swapCommit != nil && !swapCommit.Equals(st.commit) {
 		// The two-round-trip path reports the swap against the database.
 		return nil, nil, false, nil
-	}
-	if e.useSplit(active) {
-		conn, err := lc.get(ctx)
-		if err != nil {
-			return nil, nil, true, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
-		}
-		return e.applySplit(ctx, conn, st, did, key, writes, guard)
 	}
 	built := st.commit
 	p, err := e.plan(ctx, st, did, key, writes)
@@ -576,48 +566,12 @@ type commitPlan struct {
 // checking every limit. It does no I/O; st.tree is mutated, so st may go
 // back into the cache only once the commit is stored.
 func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite) (*commitPlan, error) {
-	tp, err := e.planTree(ctx, st, did, writes)
-	if err != nil || tp.unchanged != nil {
-		return tp.unchangedPlan(), err
-	}
-	return tp.seal(key)
-}
-
-// treePlan is the first half of a commit's plan: the tree after the
-// writes, with the rows that store it (MST nodes, records), everything a
-// commit stores that does not depend on its signature.
-type treePlan struct {
-	st               *repoState
-	did              syntax.DID
-	oldData          cid.Cid
-	rev              string
-	root             cid.Cid
-	ops              []*comatproto.SyncSubscribeRepos_RepoOp
-	results          []WriteResult
-	upserts, deletes []preparedWrite
-	created          map[string]bool
-	diff             *diffCollector
-	removed          []cid.Cid
-	newKids          map[cid.Cid][]cid.Cid
-	rows             *commitRows // the tree's fields only, until seal
-	unchanged        *commitPlan // set when the writes change nothing
-	trackBlobs       bool        // the engine has a blob tracker
-}
-
-func (tp *treePlan) unchangedPlan() *commitPlan {
-	if tp == nil {
-		return nil
-	}
-	return tp.unchanged
-}
-
-// planTree applies writes to st's tree and works out the tree's rows. When
-// the writes change nothing, unchanged holds the commit's (empty) plan.
-func (e *Engine) planTree(ctx context.Context, st *repoState, did syntax.DID, writes []preparedWrite) (*treePlan, error) {
 	oldCommit, oldData, oldRev := st.commit, st.data, st.rev
 
-	tp := &treePlan{st: st, did: did, oldData: oldData, trackBlobs: e.blobs != nil, created: make(map[string]bool, len(writes)),
-		results: make([]WriteResult, 0, len(writes))}
+	var ops []*comatproto.SyncSubscribeRepos_RepoOp
+	results := make([]WriteResult, 0, len(writes))
+	var upserts, deletes []preparedWrite
+	created := make(map[string]bool, len(writes))
 	for _, w := range writes {
 		var val *cid.Cid
 		if w.Action != ActionDelete {
@@ -642,12 +596,12 @@ func (e *Engine) planTree(ctx context.Context, st *repoState, did syntax.DID, wr
 			res.Action = ActionCreate
 		case w.Action == ActionUpdate && op.Prev.Equals(w.cid):
 			// Identical record: no operation to report.
-			tp.results = append(tp.results, res)
+			results = append(results, res)
 			continue
 		}
-		tp.results = append(tp.results, res)
+		results = append(results, res)
 		if res.Action == ActionCreate {
-			tp.created[w.path] = true
+			created[w.path] = true
 		}
 		rop := &comatproto.SyncSubscribeRepos_RepoOp{Action: string(res.Action), Path: w.path}
 		if val != nil {
@@ -658,58 +612,26 @@ func (e *Engine) planTree(ctx context.Context, st *repoState, did syntax.DID, wr
 			l := lexutil.LexLink(*op.Prev)
 			rop.Prev = &l
 		}
-		tp.ops = append(tp.ops, rop)
+		ops = append(ops, rop)
 		if w.Action == ActionDelete {
-			tp.deletes = append(tp.deletes, w)
+			deletes = append(deletes, w)
 		} else {
-			tp.upserts = append(tp.upserts, w)
+			upserts = append(upserts, w)
 		}
 	}
-	if len(tp.ops) == 0 {
-		tp.unchanged = &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: tp.results}}
-		return tp, nil
+	if len(ops) == 0 {
+		return &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: results}}, nil
 	}
 
 	// INDIGO.md trap 1: write the diff before asking for the root.
-	tp.diff = newDiffCollector()
-	root, err := st.tree.WriteDiffBlocks(ctx, tp.diff)
+	diff := newDiffCollector()
+	root, err := st.tree.WriteDiffBlocks(ctx, diff)
 	if err != nil {
 		return nil, fmt.Errorf("writing MST diff: %w", err)
 	}
-	tp.root = *root
-	tp.rev = e.nextRev(oldRev)
-	tp.removed, tp.newKids, err = st.removedNodes(oldData, tp.diff)
-	if err != nil {
-		return nil, err
-	}
 
-	rows := &commitRows{did: did.String(), rev: tp.rev, data: root.Bytes(),
-		nodeCIDs: make([][]byte, 0, len(tp.diff.blocks)), nodeData: make([][]byte, 0, len(tp.diff.blocks)),
-		rmNodes: make([][]byte, len(tp.removed))}
-	for _, b := range tp.diff.blocks {
-		rows.nodeCIDs = append(rows.nodeCIDs, b.Cid().Bytes())
-		rows.nodeData = append(rows.nodeData, b.RawData())
-	}
-	for i, c := range tp.removed {
-		rows.rmNodes[i] = c.Bytes()
-	}
-	for _, w := range tp.deletes {
-		rows.delCols, rows.delRKeys = append(rows.delCols, string(w.Collection)), append(rows.delRKeys, string(w.RKey))
-	}
-	for _, w := range tp.upserts {
-		rows.upCols, rows.upRKeys = append(rows.upCols, string(w.Collection)), append(rows.upRKeys, string(w.RKey))
-		rows.upCIDs, rows.upData = append(rows.upCIDs, w.cid.Bytes()), append(rows.upData, w.block)
-	}
-	tp.rows = rows
-	return tp, nil
-}
-
-// seal signs the commit over tp's tree, builds its event and checks the
-// commit's size limits: the second half of a plan.
-func (tp *treePlan) seal(key atcrypto.PrivateKey) (*commitPlan, error) {
-	st, did, rev, root := tp.st, tp.did, tp.rev, tp.root
-	since := st.rev
-	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: root, Rev: rev}
+	rev := e.nextRev(oldRev)
+	commit := atrepo.Commit{DID: did.String(), Version: atrepo.ATPROTO_REPO_VERSION, Data: *root, Rev: rev}
 	if err := commit.Sign(key); err != nil {
 		return nil, fmt.Errorf("signing commit: %w", err)
 	}
@@ -728,30 +650,35 @@ func (tp *treePlan) seal(key atcrypto.PrivateKey) (*commitPlan, error) {
 	car := newCARBuilder(commitCID)
 	car.add(commitCID, commitBytes)
 	recordBytes := 0
-	for _, w := range tp.upserts {
+	for _, w := range upserts {
 		if car.add(w.cid, w.block) {
 			recordBytes += len(w.block)
 		}
 	}
-	for _, b := range tp.diff.blocks {
+	nodeCIDs := make([][]byte, 0, len(diff.blocks))
+	nodeData := make([][]byte, 0, len(diff.blocks))
+	for _, b := range diff.blocks {
 		car.add(b.Cid(), b.RawData())
+		nodeCIDs = append(nodeCIDs, b.Cid().Bytes())
+		nodeData = append(nodeData, b.RawData())
 	}
 	carBytes := car.bytes()
 	if len(carBytes) > MaxCommitBlocksBytes {
 		return nil, &LimitError{
 			Limit: LimitCommitBlocks, Size: len(carBytes), Max: MaxCommitBlocksBytes,
-			Detail: fmt.Sprintf("%d records totalling %s bytes", len(tp.upserts), commas(recordBytes)),
+			Detail: fmt.Sprintf("%d records totalling %s bytes", len(upserts), commas(recordBytes)),
 		}
 	}
 
-	prevData := lexutil.LexLink(tp.oldData)
+	since := oldRev
+	prevData := lexutil.LexLink(oldData)
 	ev, err := firehose.EncodeCommit(&comatproto.SyncSubscribeRepos_Commit{
 		Repo:     did.String(),
 		Commit:   lexutil.LexLink(commitCID),
 		Rev:      rev,
 		Since:    &since,
 		Blocks:   carBytes,
-		Ops:      tp.ops,
+		Ops:      ops,
 		Blobs:    []lexutil.LexLink{},
 		Time:     syntax.DatetimeNow().String(),
 		PrevData: &prevData,
@@ -763,19 +690,34 @@ func (tp *treePlan) seal(key atcrypto.PrivateKey) (*commitPlan, error) {
 		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
 	}
 
-	rows := tp.rows
-	rows.ev, rows.commitCID, rows.commit = ev, commitCID.Bytes(), commitBytes
+	removed, newKids, err := st.removedNodes(oldData, diff)
+	if err != nil {
+		return nil, err
+	}
+
+	rows := &commitRows{did: did.String(), rev: rev, ev: ev,
+		commitCID: commitCID.Bytes(), commit: commitBytes, data: root.Bytes(),
+		nodeCIDs: nodeCIDs, nodeData: nodeData, rmNodes: make([][]byte, len(removed))}
+	for i, c := range removed {
+		rows.rmNodes[i] = c.Bytes()
+	}
+	for _, w := range deletes {
+		rows.delCols, rows.delRKeys = append(rows.delCols, string(w.Collection)), append(rows.delRKeys, string(w.RKey))
+	}
+	for _, w := range upserts {
+		rows.upCols, rows.upRKeys = append(rows.upCols, string(w.Collection)), append(rows.upRKeys, string(w.RKey))
+		rows.upCIDs, rows.upData = append(rows.upCIDs, w.cid.Bytes()), append(rows.upData, w.block)
+	}
 	var changes []RecordBlobs
-	if tp.trackBlobs {
-		changes = make([]RecordBlobs, 0, len(tp.upserts)+len(tp.deletes))
-		for _, w := range tp.upserts {
-			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: tp.created[w.path]})
+	if e.blobs != nil {
+		changes = make([]RecordBlobs, 0, len(upserts)+len(deletes))
+		for _, w := range upserts {
+			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey, Blobs: atdata.ExtractBlobs(w.Record), Created: created[w.path]})
 		}
-		for _, w := range tp.deletes {
+		for _, w := range deletes {
 			changes = append(changes, RecordBlobs{Collection: w.Collection, RKey: w.RKey})
 		}
 	}
-	removed, newKids, diff := tp.removed, tp.newKids, tp.diff
 	finish := func() {
 		for _, c := range removed {
 			st.size -= int64(len(st.nodes[c]))
@@ -794,10 +736,10 @@ func (tp *treePlan) seal(key atcrypto.PrivateKey) (*commitPlan, error) {
 				st.size += int64(len(b.RawData()))
 			}
 		}
-		st.data, st.commit, st.rev = root, commitCID, rev
+		st.data, st.commit, st.rev = *root, commitCID, rev
 	}
 	return &commitPlan{
-		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: tp.results},
+		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: results},
 		rows:        rows,
 		blobChanges: changes,
 		finish:      finish,

@@ -116,24 +116,8 @@ func TestInvalidWrites(t *testing.T) {
 
 func TestLimits(t *testing.T) {
 	t.Parallel()
-	bothCommitShapes(t, testLimits)
-}
-
-// bothCommitShapes runs test once with commits sent as one statement and
-// once with every commit split in two (overlap.go), which refuses limits
-// found after its first statement went out.
-func bothCommitShapes(t *testing.T, test func(t *testing.T, cfg Config)) {
-	for name, mode := range map[string]int{"one-statement": splitNever, "split": splitAlways} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			test(t, Config{split: mode})
-		})
-	}
-}
-
-func testLimits(t *testing.T, cfg Config) {
 	ctx := context.Background()
-	b := setup(t, cfg)
+	b := setup(t, Config{})
 	did := b.newRepo(t, 1)
 	const coll = "com.example.blob"
 
@@ -487,14 +471,10 @@ func TestRecordDataModel(t *testing.T) {
 // refused by the database and redone from the stored root.
 func TestTwoEnginesOneRepo(t *testing.T) {
 	t.Parallel()
-	bothCommitShapes(t, testTwoEnginesOneRepo)
-}
-
-func testTwoEnginesOneRepo(t *testing.T, cfg Config) {
 	ctx := context.Background()
-	b := setup(t, cfg)
+	b := setup(t, Config{})
 	did := b.newRepo(t, 1)
-	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, cfg)}
+	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{})}
 	want := map[string]bool{}
 	for i := range 20 {
 		// Two writes in a row per engine: the second takes the fast path.

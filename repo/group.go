@@ -58,6 +58,13 @@ type pendingCommit struct {
 	lead  chan struct{} // a token: lead the next group
 }
 
+// useGroup reports whether a commit that found active commits in flight
+// (itself included) should be stored in a group: a lone commit is sent at
+// once.
+func (e *Engine) useGroup(active int64) bool {
+	return active > 1 && e.group.maxLeaders > 0 && !e.perStatement && !e.globalLock
+}
+
 // storeGrouped stores one commit (guard, rows, moving the root from old)
 // with whatever other commits are waiting, and returns its outcome.
 func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, rows *commitRows, old []byte) error {

@@ -110,12 +110,3 @@ SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $1
 -- Moves the root from commit $2 to $3 (taking the row lock), or raises
 -- SQLSTATE BW001 when the repo's commit is not $2 (migrations/00007).
 SELECT bulwark_swap_root($1, $2, $3, $4, $5, $6);
-
--- name: CommitTree
--- The first half of a commit sent in two parts (migrations/00009): the row
--- lock and root check (BW001), MST nodes and records.
-SELECT bulwark_commit_tree($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
-
--- name: CommitHead
--- The second half: the new root and the event.
-SELECT bulwark_commit_head($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
