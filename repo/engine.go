@@ -850,14 +850,40 @@ func (e *Engine) loadState(ctx context.Context, q DBTX, did string, data cid.Cid
 func (st *repoState) removedNodes(oldRoot cid.Cid, diff *diffCollector) ([]cid.Cid, map[cid.Cid][]cid.Cid, error) {
 	kept := make(map[cid.Cid]bool, len(diff.blocks)*3)
 	newKids := make(map[cid.Cid][]cid.Cid, len(diff.blocks))
+	// The new nodes' children, read off the tree in memory (the nodes just
+	// written are the root and the changed nodes under it, each reached
+	// through its parent) rather than by decoding the blocks again.
+	var walk func(n *mst.Node)
+	walk = func(n *mst.Node) {
+		if n == nil || n.CID == nil || newKids[*n.CID] != nil {
+			return
+		}
+		if _, ok := diff.seen[*n.CID]; !ok {
+			return
+		}
+		kids := make([]cid.Cid, 0, len(n.Entries))
+		for _, e := range n.Entries {
+			if e.ChildCID != nil {
+				kids = append(kids, *e.ChildCID)
+				walk(e.Child)
+			}
+		}
+		newKids[*n.CID] = kids
+	}
+	walk(st.tree.Root)
 	for _, b := range diff.blocks {
 		kept[b.Cid()] = true
-		nd, err := mst.NodeDataFromCBOR(bytes.NewReader(b.RawData()))
-		if err != nil {
-			return nil, nil, fmt.Errorf("decoding new MST node: %w", err)
+		kids, ok := newKids[b.Cid()]
+		if !ok {
+			// Not reached from the root in memory (cannot happen for a
+			// complete tree): decode it.
+			nd, err := mst.NodeDataFromCBOR(bytes.NewReader(b.RawData()))
+			if err != nil {
+				return nil, nil, fmt.Errorf("decoding new MST node: %w", err)
+			}
+			kids = nodeChildren(nd)
+			newKids[b.Cid()] = kids
 		}
-		kids := nodeChildren(nd)
-		newKids[b.Cid()] = kids
 		for _, c := range kids {
 			kept[c] = true
 		}
