@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,6 +39,10 @@ const (
 	// defaultGroupLeaders is how many groups may be in flight at once: two
 	// keep Postgres busy on one while the next is being sent.
 	defaultGroupLeaders = 2
+	// groupTimeout bounds a group's round trip: its commits' own contexts
+	// do not (one of them ending must not fail the others), and a writer
+	// waits for its group's answer.
+	groupTimeout = 30 * time.Second
 )
 
 type groupCommitter struct {
@@ -108,8 +113,10 @@ func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
 	g.queue = slices.Delete(g.queue, 0, n)
 	g.mu.Unlock()
 	if len(batch) > 0 {
-		// A leader's request ending must not fail the commits of others.
-		ctx = context.WithoutCancel(ctx)
+		// A leader's request ending must not fail the commits of others;
+		// a database that stops answering still must not hold them forever.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupTimeout)
+		defer cancel()
 		conn, err := lc.get(ctx)
 		if err != nil {
 			for _, c := range batch {
