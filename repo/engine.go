@@ -659,6 +659,11 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	nodeData := make([][]byte, 0, len(diff.blocks))
 	for _, b := range diff.blocks {
 		car.add(b.Cid(), b.RawData())
+		if _, stored := st.nodes[b.Cid()]; stored {
+			// Rewritten unchanged (~6% of diff nodes): it is in the CAR
+			// relays receive, and already in the database.
+			continue
+		}
 		nodeCIDs = append(nodeCIDs, b.Cid().Bytes())
 		nodeData = append(nodeData, b.RawData())
 	}
