@@ -670,8 +670,8 @@ func (s *Service) ParseAccess(accessToken string) (*Auth, error) {
 	return &Auth{DID: c.DID, Scope: c.Scope, SessionID: c.ID}, nil
 }
 
-// sessionRefused is the SQLSTATE bulwark_check_session raises
-// (migrations/00007).
+// sessionRefused is the SQLSTATE the write guard raises
+// (bulwark_refuse_session, migrations/00009).
 const sessionRefused = "BW002"
 
 // WriteGuard is the statement that, run first in a commit's transaction,

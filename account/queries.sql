@@ -46,8 +46,13 @@ SELECT a.handle, a.status,
 FROM accounts a WHERE a.did = $1;
 
 -- name: CheckSessionGuard
--- CheckSession inside a commit: raises SQLSTATE BW002 instead of answering.
-SELECT bulwark_check_session($1, $2);
+-- CheckSession inside a commit: raises SQLSTATE BW002 (through
+-- bulwark_refuse_session, migrations/00009) instead of answering. CASE
+-- evaluates the refusal only when the check fails.
+SELECT CASE WHEN EXISTS (
+           SELECT 1 FROM accounts a JOIN refresh_tokens r ON r.did = a.did
+           WHERE a.did = $1 AND a.status = 'active' AND r.session_id = $2 AND r.expires_at > now())
+       THEN true ELSE bulwark_refuse_session($1) END;
 
 -- name: InsertRefreshToken
 INSERT INTO refresh_tokens (jti, session_id, did, app_password_name, expires_at)
