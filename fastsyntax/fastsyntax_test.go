@@ -17,11 +17,18 @@ func TestRecordKeyAgreesWithIndigo(t *testing.T) {
 	for c := 0; c < 256; c++ {
 		keys = append(keys, string([]byte{byte(c)}), "ab"+string([]byte{byte(c)})+"cd")
 	}
-	for _, k := range keys {
-		want, wantErr := syntax.ParseRecordKey(k)
-		got, gotErr := ParseRecordKey(k)
-		require.Equal(t, wantErr, gotErr, "%q", k)
-		require.Equal(t, want, got, "%q", k)
+	agree(t, syntax.ParseRecordKey, ParseRecordKey, keys)
+}
+
+// agree checks that fast gives indigo's answer, value and error, for every
+// input.
+func agree[T comparable](t *testing.T, indigo, fast func(string) (T, error), inputs []string) {
+	t.Helper()
+	for _, in := range inputs {
+		want, wantErr := indigo(in)
+		got, gotErr := fast(in)
+		require.Equal(t, wantErr, gotErr, "%q", in)
+		require.Equal(t, want, got, "%q", in)
 	}
 }
 
@@ -31,12 +38,7 @@ func TestNSIDAgreesWithIndigo(t *testing.T) {
 		"app.bsky.feed.po-st", "app.bsky.feed.post#main", "com.example.-bad.thing", strings.Repeat("a", 63) + ".b.c",
 		strings.Repeat("a", 64) + ".b.c"}
 	for range 2 { // the second pass answers from memory
-		for _, id := range ids {
-			want, wantErr := syntax.ParseNSID(id)
-			got, gotErr := ParseNSID(id)
-			require.Equal(t, wantErr, gotErr, "%q", id)
-			require.Equal(t, want, got, "%q", id)
-		}
+		agree(t, syntax.ParseNSID, ParseNSID, ids)
 	}
 }
 
