@@ -97,6 +97,29 @@ var (
 		Namespace: namespace, Subsystem: "repo", Name: "commits_total",
 		Help: "Repository commits written.",
 	})
+	// CommitGroups counts transactions that stored several repos' commits
+	// together (repo group commit); GroupedCommits the commits they held.
+	CommitGroups = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "commit_groups_total",
+		Help: "Transactions that stored several repositories' commits together (group commit).",
+	})
+	GroupedCommits = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "grouped_commits_total",
+		Help: "Commits stored in a group with others; divided by commit_groups_total, the mean group size.",
+	})
+	// CommitGroupRetries counts groups refused whole (one member's root had
+	// moved or its session was refused) whose commits were then stored one
+	// by one.
+	CommitGroupRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "commit_group_retries_total",
+		Help: "Commit groups refused whole (a member's root moved or its session was refused) and stored commit by commit.",
+	})
+	// StaleRoots counts one-round-trip commits refused because another
+	// process had moved the repo's root; each was redone under the row lock.
+	StaleRoots = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "stale_roots_total",
+		Help: "Commits built on a cached tree whose root another process had moved; redone under the repo's row lock.",
+	})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: "eventlog", Name: "last_seq",
@@ -156,7 +179,8 @@ func init() {
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
-		Commits, EventLogLastSeq, SequencerLag, SequencerPending,
+		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots,
+		EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,
 	)

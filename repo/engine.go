@@ -26,6 +26,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 //go:embed queries.sql
@@ -467,6 +468,7 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == errRootMoved {
 			e.staleRoots.Add(1)
+			metrics.StaleRoots.Inc()
 			return nil, nil, false, nil
 		}
 		return nil, nil, true, fmt.Errorf("storing commit: %w", db.Translate(err))

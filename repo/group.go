@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 // Group commit. Concurrent commits to different repos are stored together:
@@ -163,6 +165,8 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 	err := conn.SendBatch(ctx, b).Close()
 	if err == nil {
 		e.groupedCommits.Add(int64(len(batch)))
+		metrics.CommitGroups.Inc()
+		metrics.GroupedCommits.Add(float64(len(batch)))
 		return
 	}
 	var pe *pgconn.PgError
@@ -176,6 +180,7 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 		return
 	}
 	e.splitGroups.Add(1)
+	metrics.CommitGroupRetries.Inc()
 	for _, c := range batch {
 		c.err = e.storeOne(ctx, conn, c.guard, c.rows, c.old)
 	}

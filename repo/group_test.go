@@ -9,7 +9,11 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 // groupMember plans one create on did from the engine's cached tree and
@@ -61,12 +65,14 @@ func TestGroupWithRefusedMembers(t *testing.T) {
 		batch, plans = append(batch, c), append(plans, p)
 	}
 	before := b.counts(t)
+	retries := counterValue(t, metrics.CommitGroupRetries)
 	conn, err := b.pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	b.engine.storeGroup(ctx, conn, batch)
 
 	require.Equal(t, int64(1), b.engine.splitGroups.Load(), "the group was not refused whole")
+	require.GreaterOrEqual(t, counterValue(t, metrics.CommitGroupRetries), retries+1, "retry not counted")
 	codes := map[string]string{}
 	for _, c := range batch {
 		<-c.done
@@ -148,4 +154,11 @@ func sum(m map[syntax.DID]int) int {
 		n += v
 	}
 	return n
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
 }
