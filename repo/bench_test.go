@@ -29,6 +29,11 @@ import (
 // figures include a real WAL flush. Run:
 //
 //	go test ./repo -run '^$' -bench . -benchtime 2000x
+//
+// Knobs for experiments: BENCH_GATHER (the sequencer's gather wait, e.g.
+// 50ms), BENCH_GROUP_LEADERS (group commit leaders; -1 turns grouping
+// off), BENCH_NOWAKE (the sequencer polls instead of being woken),
+// BENCH_PG_SETTINGS and BENCH_PG_STATS (below).
 
 var (
 	benchOnce sync.Once
