@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/db/dbtest"
 )
 
 // createRecord throughput over HTTP on loopback, against a Postgres cluster
@@ -45,6 +46,9 @@ func durablePool(b *testing.B) *pgxpool.Pool {
 		}
 		_ = os.Chmod(dir, 0o711)
 		benchPG, benchPGErr = db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true})
+		if benchPGErr == nil {
+			dbtest.AtExit(dbtest.StopAndRemove(benchPG, dir))
+		}
 	})
 	require.NoError(b, benchPGErr)
 	admin, err := db.Open(ctx, benchPG.URL(db.ManagedDatabase), nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
@@ -59,6 +60,7 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 			return
 		}
 		benchPG, benchURL = m, m.URL(db.ManagedDatabase)
+		dbtest.AtExit(dbtest.StopAndRemove(m, dir))
 	})
 	require.NoError(b, benchErr)
 	admin, err := db.Open(ctx, benchURL, nil)

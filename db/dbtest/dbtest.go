@@ -99,7 +99,39 @@ var logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level:
 func Main(m *testing.M) {
 	code := m.Run()
 	shutdown()
+	atExitMu.Lock()
+	for i := len(atExit) - 1; i >= 0; i-- {
+		atExit[i]()
+	}
+	atExitMu.Unlock()
 	os.Exit(code)
+}
+
+var (
+	atExitMu sync.Mutex
+	atExit   []func()
+)
+
+// AtExit runs f when Main's tests and benchmarks are over, after the shared
+// cluster stops (last registered first): for clusters a benchmark starts
+// itself, which would otherwise be left on disk by every run.
+func AtExit(f func()) {
+	atExitMu.Lock()
+	atExit = append(atExit, f)
+	atExitMu.Unlock()
+}
+
+// StopAndRemove stops m and deletes dir: an AtExit for a benchmark's own
+// cluster.
+func StopAndRemove(m *db.Managed, dir string) func() {
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.Stop(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "dbtest: stop benchmark cluster: %v\n", err)
+		}
+		_ = os.RemoveAll(dir)
+	}
 }
 
 // New returns a pool on a fresh database cloned from the migrated template.
