@@ -36,8 +36,13 @@ import (
 // commits of the same repos lock their rows in the same order.
 
 const (
-	// maxGroup bounds the commits stored in one transaction.
-	maxGroup = 64
+	// maxGroup bounds the commits stored in one transaction, and
+	// maxGroupBytes the bytes they send (a group is one pgx batch, encoded
+	// whole before it is sent; commits of up to 2 MB of blocks each would
+	// otherwise make it hundreds of MB). A commit larger than that goes in
+	// a group of its own.
+	maxGroup      = 64
+	maxGroupBytes = 8 << 20
 	// defaultGroupLeaders is how many groups may be in flight at once: two
 	// keep Postgres busy on one while the next is being sent.
 	defaultGroupLeaders = 2
@@ -110,7 +115,7 @@ func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, r
 func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
 	g := &e.group
 	g.mu.Lock()
-	n := min(len(g.queue), maxGroup)
+	n := groupLen(g.queue)
 	batch := slices.Clone(g.queue[:n])
 	g.queue = slices.Delete(g.queue, 0, n)
 	g.mu.Unlock()
@@ -140,6 +145,17 @@ func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
 		}
 	}
 	g.mu.Unlock()
+}
+
+// groupLen is how many commits from the head of queue make the next group:
+// at most maxGroup and maxGroupBytes, at least one.
+func groupLen(queue []*pendingCommit) int {
+	n, size := 0, 0
+	for n < len(queue) && n < maxGroup && (n == 0 || size+queue[n].rows.size() <= maxGroupBytes) {
+		size += queue[n].rows.size()
+		n++
+	}
+	return n
 }
 
 // storeGroup sends batch as one transaction; if it is refused, each commit
@@ -226,4 +242,17 @@ func (l *lazyConn) release() {
 		l.conn.Release()
 		l.conn = nil
 	}
+}
+
+// size is about what storing c sends: the commit, the MST nodes, the
+// records and the event.
+func (c *commitRows) size() int {
+	n := len(c.commit) + len(c.ev.Body)
+	for _, d := range c.nodeData {
+		n += len(d)
+	}
+	for _, d := range c.upData {
+		n += len(d)
+	}
+	return n
 }

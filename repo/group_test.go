@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
 )
 
@@ -161,4 +162,25 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
+}
+
+// A group stops at maxGroup commits and at maxGroupBytes, and a commit
+// larger than that still goes, alone.
+func TestGroupLen(t *testing.T) {
+	queue := func(sizes ...int) []*pendingCommit {
+		q := make([]*pendingCommit, len(sizes))
+		for i, n := range sizes {
+			q[i] = &pendingCommit{rows: &commitRows{ev: &firehose.Encoded{Body: make([]byte, n)}}}
+		}
+		return q
+	}
+	const mb = 1 << 20
+	require.Equal(t, 0, groupLen(nil))
+	require.Equal(t, 2, groupLen(queue(5*mb, 3*mb, 1, 1)), "8 MiB fits, one byte more does not")
+	require.Equal(t, 1, groupLen(queue(9*mb, 1)), "an oversized commit goes alone")
+	small := make([]int, 100)
+	for i := range small {
+		small[i] = 1000
+	}
+	require.Equal(t, maxGroup, groupLen(queue(small...)))
 }
