@@ -457,6 +457,7 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 		// The cached state may be stale: let the locked path decide.
 		return nil, nil, false, nil
 	}
+	p.rows.freshNodes = true
 	if e.useGroup(active) {
 		err = e.storeGrouped(ctx, lc, guard, p.rows, built.Bytes())
 	} else if conn, cerr := lc.get(ctx); cerr != nil {
@@ -466,7 +467,10 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 	}
 	if err != nil {
 		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == errRootMoved {
+		if errors.As(err, &pe) && pe.Code == errRootMoved || errors.Is(db.Translate(err), db.ErrConflict) {
+			// Another process moved the root, or (unique violation) a node
+			// the cache did not know of is stored: the locked path redoes
+			// the commit from the database.
 			e.staleRoots.Add(1)
 			metrics.StaleRoots.Inc()
 			return nil, nil, false, nil
@@ -765,6 +769,10 @@ type commitRows struct {
 	upCols, upRKeys         []string
 	upCIDs, upData          [][]byte
 	ev                      *firehose.Encoded
+	// freshNodes: nodeCIDs are known not to be stored (the plan was made
+	// from the cached tree of the root the commit moves from), so they are
+	// inserted without ON CONFLICT.
+	freshNodes bool
 }
 
 // queue adds the statements that store c to b, moving the repo's root from
@@ -779,7 +787,7 @@ func (e *Engine) queue(b *pgx.Batch, c *commitRows, old []byte) {
 	if !e.perStatement {
 		b.Queue(qCommit, c.did, old, c.commitCID, c.commit, c.data, c.rev,
 			c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
-			string(c.ev.Kind), c.ev.RevArg(), c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount)
+			string(c.ev.Kind), c.ev.RevArg(), c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount, c.freshNodes)
 		return
 	}
 	b.Queue(qSwapRoot, c.did, old, c.commitCID, c.commit, c.data, c.rev)

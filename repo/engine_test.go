@@ -490,3 +490,43 @@ func TestTwoEnginesOneRepo(t *testing.T) {
 		require.Positive(t, e.staleRoots.Load(), "engine %d never had a stale root refused", i)
 	}
 }
+
+// A commit built on the cached tree inserts its MST nodes without ON
+// CONFLICT; if one is stored after all (a row the cache does not know
+// of), the insert fails, nothing is stored, and the commit is redone on
+// the locked path.
+func TestStrayNodeSendsCommitToLockedPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	did := b.newRepo(t, 1)
+	rec := post("same record, same CID")
+	_, err := b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "a", post("first"))}, nil)
+	require.NoError(t, err)
+
+	// The nodes a create of "b" writes, seen once, then taken away again.
+	res, err := b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "b", rec)}, nil)
+	require.NoError(t, err)
+	var cids, data [][]byte
+	rows, err := b.pool.Query(ctx, "SELECT cid, data FROM repo_nodes WHERE did = $1 AND rev = $2", did.String(), res.Rev)
+	require.NoError(t, err)
+	for rows.Next() {
+		var c, d []byte
+		require.NoError(t, rows.Scan(&c, &d))
+		cids, data = append(cids, c), append(data, d)
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, cids)
+	_, err = b.engine.Apply(ctx, did, []Write{{Action: ActionDelete, Collection: "app.bsky.feed.post", RKey: "b"}}, nil)
+	require.NoError(t, err)
+
+	// One of them comes back behind the engine's back.
+	_, err = b.pool.Exec(ctx, "INSERT INTO repo_nodes (did, cid, rev, data) VALUES ($1, $2, 'stray', $3)", did.String(), cids[0], data[0])
+	require.NoError(t, err)
+	stale := b.engine.staleRoots.Load()
+	_, err = b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "b", rec)}, nil)
+	require.NoError(t, err)
+	require.Equal(t, stale+1, b.engine.staleRoots.Load(), "the one-round-trip commit was not refused")
+	checkFinalState(t, b, map[syntax.DID]map[string]bool{did: {"app.bsky.feed.post/a": true, "app.bsky.feed.post/b": true}})
+	require.Equal(t, 4, b.verifyChain(t, b.sequencedEvents(t))[did])
+}

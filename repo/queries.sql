@@ -103,8 +103,9 @@ DELETE FROM repo_nodes WHERE did = $1;
 DELETE FROM repo_roots WHERE did = $1;
 
 -- name: Commit
--- A whole commit in one statement: bulwark_commit (migrations/00008).
-SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21);
+-- A whole commit in one statement: bulwark_commit (migrations/00008,
+-- 00010).
+SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22);
 
 -- name: SwapRoot
 -- Moves the root from commit $2 to $3 (taking the row lock), or raises
