@@ -2,12 +2,10 @@ package pds
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,39 +26,13 @@ import (
 //
 //	go test ./pds -run '^$' -bench CreateRecordHTTP -benchtime 3000x
 
-var (
-	benchPGOnce sync.Once
-	benchPG     *db.Managed
-	benchPGErr  error
-	benchPGDBs  atomic.Int64
-)
+// benchPG is the durable cluster the benchmarks run on (dbtest.Durable).
+var benchPG *db.Managed
 
 func durablePool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
-	ctx := context.Background()
-	benchPGOnce.Do(func() {
-		dir, err := os.MkdirTemp("/var/tmp", "bulwark-pds-bench-")
-		if err != nil {
-			benchPGErr = err
-			return
-		}
-		_ = os.Chmod(dir, 0o711)
-		benchPG, benchPGErr = db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true})
-		if benchPGErr == nil {
-			dbtest.AtExit(dbtest.StopAndRemove(benchPG, dir))
-		}
-	})
-	require.NoError(b, benchPGErr)
-	admin, err := db.Open(ctx, benchPG.URL(db.ManagedDatabase), nil)
-	require.NoError(b, err)
-	name := fmt.Sprintf("pdsbench_%d_%d", os.Getpid(), benchPGDBs.Add(1))
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(b, err)
-	admin.Close()
-	pool, err := db.Open(ctx, benchPG.URL(name), nil)
-	require.NoError(b, err)
-	require.NoError(b, db.Migrate(ctx, pool, nil))
-	b.Cleanup(pool.Close)
+	pool, m := dbtest.Durable(b)
+	benchPG = m
 	return pool
 }
 

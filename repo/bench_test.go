@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,45 +33,17 @@ import (
 // Knobs for experiments: BENCH_GATHER (the sequencer's gather wait, e.g.
 // 50ms), BENCH_GROUP_LEADERS (group commit leaders; -1 turns grouping
 // off), BENCH_NOWAKE (the sequencer polls instead of being woken),
-// BENCH_PG_SETTINGS and BENCH_PG_STATS (below).
+// BENCH_PG_SETTINGS (extra Postgres settings, dbtest.Durable) and
+// BENCH_PG_STATS (below).
 
-var (
-	benchOnce sync.Once
-	benchURL  string
-	benchPG   *db.Managed
-	benchErr  error
-	benchDBs  atomic.Int64
-)
+// benchPG is the durable cluster the benchmarks run on (dbtest.Durable).
+var benchPG *db.Managed
 
 func benchSetup(b *testing.B, cfg Config) *bundle {
 	b.Helper()
 	ctx := context.Background()
-	benchOnce.Do(func() {
-		dir, err := os.MkdirTemp("/var/tmp", "bulwark-bench-")
-		if err != nil {
-			benchErr = err
-			return
-		}
-		_ = os.Chmod(dir, 0o711)
-		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true, Settings: benchSettings()})
-		if err != nil {
-			benchErr = err
-			return
-		}
-		benchPG, benchURL = m, m.URL(db.ManagedDatabase)
-		dbtest.AtExit(dbtest.StopAndRemove(m, dir))
-	})
-	require.NoError(b, benchErr)
-	admin, err := db.Open(ctx, benchURL, nil)
-	require.NoError(b, err)
-	name := fmt.Sprintf("bench_%d_%d", os.Getpid(), benchDBs.Add(1))
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(b, err)
-	admin.Close()
-	pool, err := db.Open(ctx, benchPG.URL(name), nil)
-	require.NoError(b, err)
-	require.NoError(b, db.Migrate(ctx, pool, nil))
-	b.Cleanup(pool.Close)
+	pool, m := dbtest.Durable(b)
+	benchPG = m
 	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
 	var gather time.Duration
 	if v := os.Getenv("BENCH_GATHER"); v != "" {
@@ -90,18 +61,6 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 		waker = nil
 	}
 	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool)}
-}
-
-// benchSettings reads extra Postgres settings for the benchmark cluster
-// from BENCH_PG_SETTINGS (comma-separated name=value), e.g.
-// shared_preload_libraries=pg_stat_statements to see where the server's
-// time goes.
-func benchSettings() []string {
-	v := os.Getenv("BENCH_PG_SETTINGS")
-	if v == "" {
-		return nil
-	}
-	return strings.Split(v, ",")
 }
 
 // latencies collects per-commit durations and reports commits/s, p50, p99.

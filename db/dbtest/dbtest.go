@@ -99,40 +99,72 @@ var logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level:
 func Main(m *testing.M) {
 	code := m.Run()
 	shutdown()
-	atExitMu.Lock()
-	for i := len(atExit) - 1; i >= 0; i-- {
-		atExit[i]()
+	for _, f := range atExit {
+		f()
 	}
-	atExitMu.Unlock()
 	os.Exit(code)
 }
 
-var (
-	atExitMu sync.Mutex
-	atExit   []func()
-)
+// atExit holds what Main runs once the tests are over (Durable's cleanup).
+var atExit []func()
 
-// AtExit runs f when Main's tests and benchmarks are over, after the shared
-// cluster stops (last registered first): for clusters a benchmark starts
-// itself, which would otherwise be left on disk by every run.
-func AtExit(f func()) {
-	atExitMu.Lock()
-	atExit = append(atExit, f)
-	atExitMu.Unlock()
-}
-
-// StopAndRemove stops m and deletes dir: an AtExit for a benchmark's own
-// cluster.
-func StopAndRemove(m *db.Managed, dir string) func() {
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := m.Stop(ctx); err != nil {
-			fmt.Fprintf(os.Stderr, "dbtest: stop benchmark cluster: %v\n", err)
+// Durable returns a pool on a fresh, migrated database in a cluster on
+// disk with fsync and synchronous_commit on (the shared test cluster runs
+// with them off), for benchmarks whose figures must include a real WAL
+// flush, and the cluster itself (for ServerCPU). The cluster starts once
+// per test binary, in /var/tmp (a tmpfs /tmp would flush nothing), with
+// extra settings from BENCH_PG_SETTINGS (comma-separated name=value, e.g.
+// shared_preload_libraries=pg_stat_statements); Main stops and deletes it.
+func Durable(tb testing.TB) (*pgxpool.Pool, *db.Managed) {
+	tb.Helper()
+	ctx := context.Background()
+	durableOnce.Do(func() {
+		dir, err := os.MkdirTemp("/var/tmp", "bulwark-bench-")
+		if err != nil {
+			durableErr = err
+			return
 		}
-		_ = os.RemoveAll(dir)
-	}
+		_ = os.Chmod(dir, 0o711)
+		var settings []string
+		if v := os.Getenv("BENCH_PG_SETTINGS"); v != "" {
+			settings = strings.Split(v, ",")
+		}
+		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, StopWithParent: true, Settings: settings})
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			durableErr = err
+			return
+		}
+		durable = m
+		atExit = append(atExit, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := m.Stop(ctx); err != nil {
+				fmt.Fprintf(os.Stderr, "dbtest: stop benchmark cluster: %v\n", err)
+			}
+			_ = os.RemoveAll(dir)
+		})
+	})
+	require.NoError(tb, durableErr)
+	admin, err := db.Open(ctx, durable.URL(db.ManagedDatabase), logger)
+	require.NoError(tb, err)
+	defer admin.Close()
+	name := fmt.Sprintf("bench_%d_%d", os.Getpid(), durableDBs.Add(1))
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(tb, err)
+	pool, err := db.Open(ctx, durable.URL(name), logger)
+	require.NoError(tb, err)
+	require.NoError(tb, db.Migrate(ctx, pool, logger))
+	tb.Cleanup(pool.Close)
+	return pool, durable
 }
+
+var (
+	durableOnce sync.Once
+	durable     *db.Managed
+	durableErr  error
+	durableDBs  atomic.Int64
+)
 
 // New returns a pool on a fresh database cloned from the migrated template.
 // The pool is closed and the database dropped when the test ends. Safe to
