@@ -265,11 +265,7 @@ func TestGetRepo(t *testing.T) {
 		require.True(t, bytes.Contains(body, rec.CID.Bytes()), "new record b%06d is in the since export", i)
 	}
 	// HEAD takes the same path: same status and type, no body.
-	req, err := http.NewRequest(http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil)
-	require.NoError(t, err)
-	hresp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	hresp.Body.Close()
+	hresp, _ := do(t, http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil, nil)
 	require.Equal(t, http.StatusOK, hresp.StatusCode)
 	require.Equal(t, "application/vnd.ipld.car", hresp.Header.Get("Content-Type"))
 }
@@ -300,11 +296,7 @@ func TestGetRepoFromCache(t *testing.T) {
 	require.Equal(t, first, getRepo(), "served again from the file")
 	require.Equal(t, int64(1), cache.builds.Load())
 	require.GreaterOrEqual(t, hits()-before, 1.0, "counted in bulwark_car_cache_hits_total")
-	req, err := http.NewRequest(http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil)
-	require.NoError(t, err)
-	hresp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	hresp.Body.Close()
+	hresp, _ := do(t, http.MethodHead, b.url+"/xrpc/com.atproto.sync.getRepo?did="+did.String(), nil, nil)
 	require.Equal(t, http.StatusOK, hresp.StatusCode)
 	require.Equal(t, strconv.Itoa(len(first)), hresp.Header.Get("Content-Length"))
 
@@ -313,14 +305,13 @@ func TestGetRepoFromCache(t *testing.T) {
 	require.NoError(t, b.engine.ExportCAR(context.Background(), did, "", &direct))
 	require.Equal(t, direct.Bytes(), first)
 
-	var files []string
 	// A write: the next answer is the new commit, and only its file is kept.
 	last := b.writePosts(t, did, "b", 2)
 	second := getRepo()
 	commit := requireCARMatchesIndex(t, bytes.NewReader(second), b.recordIndex(t, did))
 	require.Equal(t, last.Rev, commit.Rev)
 	require.Equal(t, int64(2), cache.builds.Load())
-	files, err = filepath.Glob(filepath.Join(cache.dir, "*.car"))
+	files, err := filepath.Glob(filepath.Join(cache.dir, "*.car"))
 	require.NoError(t, err)
 	require.Len(t, files, 1)
 
