@@ -24,6 +24,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bulwark-pds/bulwark/procstat"
 )
 
 //go:embed managed.sql
@@ -226,22 +228,13 @@ func (m *Managed) ServerCPU() (time.Duration, error) {
 	}
 	var total time.Duration
 	for _, e := range ents {
-		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		st, err := procstat.Read("/proc/" + e.Name() + "/stat")
+		if err != nil || (e.Name() != pm && st.PPID() != pm) {
 			continue
 		}
-		// After the parenthesised command: state, ppid, ..., utime (12th), stime (13th).
-		i := bytes.LastIndexByte(raw, ')')
-		if i < 0 || i+2 > len(raw) {
-			continue
+		if cpu, err := st.CPU(); err == nil {
+			total += cpu
 		}
-		f := strings.Fields(string(raw[i+2:]))
-		if len(f) < 13 || (e.Name() != pm && f[1] != pm) {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		total += time.Duration(ut+st) * (time.Second / 100) // USER_HZ
 	}
 	return total, nil
 }

@@ -10,11 +10,9 @@ import (
 	"strings"
 	"sync"
 	"time"
-)
 
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat.
-// It is 100 on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/bulwark-pds/bulwark/procstat"
+)
 
 // procSampler samples a server process's CPU and RSS from /proc once a
 // second and keeps the figures per phase (idle, load, cooldown).
@@ -91,26 +89,13 @@ func (p *procSampler) sample() {
 // readProc returns the process's CPU seconds (user + system) and resident
 // set size in bytes.
 func readProc(pid int) (cpu float64, rss int64, err error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procstat.Read(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, 0, err
 	}
-	// The command name (field 2) may hold spaces; fields after it are
-	// counted from the closing parenthesis.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	fields := strings.Fields(s[i+1:])
-	// fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(fields) < 13 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: bad cpu times", pid)
+	used, err := st.CPU()
+	if err != nil {
+		return 0, 0, err
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -128,7 +113,7 @@ func readProc(pid int) (cpu float64, rss int64, err error) {
 			}
 		}
 	}
-	return float64(utime+stime) / clockTicks, rss, nil
+	return used.Seconds(), rss, nil
 }
 
 // summary describes each phase: RSS at its start, maximum and end, and the
@@ -223,23 +208,13 @@ var errThreadGone = errors.New("thread ended")
 
 // taskNice reads the nice value (field 19) of a /proc/PID/task/TID/stat.
 func taskNice(path string) (int, error) {
-	b, err := os.ReadFile(path)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", errThreadGone, err)
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("%s: unexpected format", path)
-	}
-	fields := strings.Fields(s[i+1:])
-	// fields[0] is field 3 (state); nice is field 19.
-	if len(fields) < 17 {
-		return 0, fmt.Errorf("%s: too few fields", path)
-	}
-	n, err := strconv.Atoi(fields[16])
+	st, err := procstat.Parse(raw)
 	if err != nil {
-		return 0, fmt.Errorf("%s: bad nice value", path)
+		return 0, fmt.Errorf("%s: %w", path, err)
 	}
-	return n, nil
+	return st.Nice()
 }
