@@ -33,8 +33,10 @@ var (
 // of the smallest memory bound that applies to this process (the cgroup
 // limit, GOMEMLIMIT, the machine's total memory), clamped to
 // [MinDefaultCapacity, MaxDefaultCapacity]. A quarter leaves room for the
-// baseline heap (caches, connections, the Go runtime's GC headroom, which
-// by default lets the heap grow to twice the live data).
+// baseline heap (caches, connections) and the Go runtime's GC headroom:
+// the server lets the heap grow to five times the live data, but sets a
+// soft memory limit at three quarters of memory (config.ApplyGC), so with
+// a full budget the collector works harder rather than the heap growing.
 func DefaultCapacity() int64 {
 	return capacityFrom(MemoryLimit())
 }

@@ -170,6 +170,10 @@ type Config struct {
 	// kept on disk (DataDir/car-cache), so a repository asked for again
 	// unchanged is a file copy, not a database export. Zero means none.
 	CARCache int64
+	// GCPercent is the garbage collector's target (GOGC) the server runs
+	// with, beside a soft memory limit (ApplyGC); -1 turns the
+	// proportional collector off. GOGC in the environment wins.
+	GCPercent int
 	// ExportRate is the bytes a second all getRepo answers together are
 	// sent at, at most; zero means as fast as clients read.
 	ExportRate int64
@@ -232,6 +236,7 @@ func DefaultConfig() *Config {
 		RefusalCoolOff:         DefaultRefusalCoolOff,
 		CARCache:               DefaultCARCache,
 		ExportRate:             DefaultExportRate,
+		GCPercent:              DefaultGCPercent,
 		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
@@ -391,6 +396,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ExportRate < 0 {
 		return settingError("export-rate", "must not be negative")
+	}
+	if c.GCPercent != -1 && c.GCPercent < 10 {
+		return settingError("gc-percent", "must be -1 (off) or at least 10, not %d", c.GCPercent)
 	}
 	if c.RefusalCoolOff < 0 || c.RefusalCoolOff > MaxRefusalCoolOff {
 		return settingError("refusal-cooloff", "must be between 0 (never hold) and %s", MaxRefusalCoolOff)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 )
@@ -33,6 +34,8 @@ func durablePool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
 	pool, m := dbtest.Durable(b)
 	benchPG = m
+	// The collector as the server runs it (cmd/bulwark serve).
+	config.ApplyGC(config.DefaultGCPercent)
 	return pool
 }
 

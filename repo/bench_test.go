@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
@@ -44,6 +45,8 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	ctx := context.Background()
 	pool, m := dbtest.Durable(b)
 	benchPG = m
+	// The collector as the server runs it (cmd/bulwark serve).
+	config.ApplyGC(config.DefaultGCPercent)
 	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
 	var gather time.Duration
 	if v := os.Getenv("BENCH_GATHER"); v != "" {

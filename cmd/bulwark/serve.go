@@ -77,6 +77,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 			"setting", name, "dir", filepath.Join(cfg.DataDir, config.SecretsDir))
 	}
 	logger.Info("starting bulwark", "version", Version(), "config", cfg)
+	gcPercent, memLimit := config.ApplyGC(cfg.GCPercent)
+	logger.Info("garbage collector", "gc_percent", gcPercent, "memory_limit", memLimit)
 
 	d, err := openDatabase(ctx, cfg, logger)
 	if err != nil {

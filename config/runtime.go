@@ -1,0 +1,36 @@
+package config
+
+import (
+	"os"
+	"runtime/debug"
+
+	"github.com/bulwark-pds/bulwark/budget"
+)
+
+// DefaultGCPercent is the Go garbage collector's target (GOGC) the server
+// runs with. A PDS keeps little live heap (caches, connections) and
+// allocates fast per request, so at Go's default of 100 it collects every
+// few dozen commits; at 400 it collects a quarter as often, for 4-10% more
+// commits a second at one and at 16 writers (docs/BENCHMARKS.md). The
+// memory limit ApplyGC sets alongside keeps the larger headroom from ever
+// costing an out-of-memory kill.
+const DefaultGCPercent = 400
+
+// ApplyGC makes this process's garbage collector run as the server's does:
+// target percent (-1 turns the proportional collector off), and a soft
+// memory limit of three quarters of the memory the process may use
+// (budget.MemoryLimit): near it the collector runs as often as it must,
+// whatever the target. GOGC and GOMEMLIMIT set in the environment win over
+// each. It returns the target and limit in force.
+func ApplyGC(percent int) (gcPercent int, memoryLimit int64) {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(percent)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(budget.MemoryLimit() / 4 * 3)
+	}
+	// Both setters return the value before; setting it back reads it.
+	gcPercent = debug.SetGCPercent(100)
+	debug.SetGCPercent(gcPercent)
+	return gcPercent, debug.SetMemoryLimit(-1)
+}
