@@ -21,10 +21,10 @@ import (
 // hypervisor's steal comes and goes), so a change of a few percent shows
 // only when its two sides share the same minutes. runInterleavedAB runs
 // writers committing (each to its own repo) without pause, and switches
-// between two variants every 400 ms, b.N blocks in all; each commit counts
+// between two variants every 400 ms (use sets one up), b.N blocks in all; each commit counts
 // for the variant it started and ended in. It prints commits/s and
 // latencies per variant.
-func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(variant int)) {
+func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(bb *bundle, variant int)) {
 	bb := benchSetup(b, Config{})
 	ctx := context.Background()
 	dids := make([]syntax.DID, writers)
@@ -64,7 +64,7 @@ func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(varia
 	}
 	for i := range b.N {
 		v := i % 2
-		use(v)
+		use(bb, v)
 		variant.Store(int32(v))
 		t0 := time.Now()
 		time.Sleep(400 * time.Millisecond)
@@ -95,7 +95,7 @@ func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(varia
 func BenchmarkCommitGCPercentAB(b *testing.B) {
 	writers, _ := strconv.Atoi(os.Getenv("BENCH_AB_WRITERS"))
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	runInterleavedAB(b, max(writers, 1), [2]string{"GOGC=100", fmt.Sprintf("GOGC=%d", config.DefaultGCPercent)}, func(v int) {
+	runInterleavedAB(b, max(writers, 1), [2]string{"GOGC=100", fmt.Sprintf("GOGC=%d", config.DefaultGCPercent)}, func(_ *bundle, v int) {
 		debug.SetGCPercent([2]int{100, config.DefaultGCPercent}[v])
 	})
 }
