@@ -15,6 +15,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/firehose"
 )
 
 // On this VM separate runs of the same code differ by up to ±25% (the
@@ -97,5 +98,36 @@ func BenchmarkCommitGCPercentAB(b *testing.B) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	runInterleavedAB(b, max(writers, 1), [2]string{"GOGC=100", fmt.Sprintf("GOGC=%d", config.DefaultGCPercent)}, func(_ *bundle, v int) {
 		debug.SetGCPercent([2]int{100, config.DefaultGCPercent}[v])
+	})
+}
+
+// BenchmarkCommitGatherAB compares sequencer gather waits, interleaved: 10
+// ms against firehose.DefaultGather, or BENCH_AB_GATHER. BENCH_AB_WRITERS
+// sets the writers (default 1). Each block starts a sequencer of its own
+// (the bundle's is stopped), so the leadership passes at each switch.
+func BenchmarkCommitGatherAB(b *testing.B) {
+	writers, _ := strconv.Atoi(os.Getenv("BENCH_AB_WRITERS"))
+	gather := firehose.DefaultGather
+	if v := os.Getenv("BENCH_AB_GATHER"); v != "" {
+		gather, _ = time.ParseDuration(v)
+	}
+	gathers := [2]time.Duration{10 * time.Millisecond, gather}
+	var stop func()
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	runInterleavedAB(b, max(writers, 1), [2]string{"gather " + gathers[0].String(), "gather " + gathers[1].String()}, func(bb *bundle, v int) {
+		if stop == nil {
+			stop = bb.stopSeq
+		}
+		stop()
+		seq := firehose.NewSequencer(bb.pool, firehose.SequencerConfig{Gather: gathers[v], LeaderRetry: 5 * time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = seq.Run(ctx) }()
+		stop = func() { cancel(); <-done }
+		bb.engine.waker = seq
 	})
 }

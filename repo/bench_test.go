@@ -55,7 +55,8 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Gather: gather})
 	bctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
-	go seq.Run(bctx)
+	seqDone := make(chan struct{})
+	go func() { defer close(seqDone); _ = seq.Run(bctx) }()
 	if v := os.Getenv("BENCH_GROUP_LEADERS"); v != "" && cfg.groupLeaders == 0 {
 		cfg.groupLeaders, _ = strconv.Atoi(v)
 	}
@@ -63,7 +64,8 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	if os.Getenv("BENCH_NOWAKE") != "" {
 		waker = nil
 	}
-	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool)}
+	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool),
+		stopSeq: func() { cancel(); <-seqDone }}
 }
 
 // latencies collects per-commit durations and reports commits/s, p50, p99.

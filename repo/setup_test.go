@@ -49,6 +49,8 @@ type bundle struct {
 	keys   *testKeys
 	seq    *firehose.Sequencer
 	log    *firehose.Log
+	// stopSeq stops seq where a benchmark runs it (benchSetup).
+	stopSeq func()
 }
 
 func setup(t testing.TB, cfg Config) *bundle {
