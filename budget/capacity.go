@@ -35,7 +35,7 @@ var (
 // [MinDefaultCapacity, MaxDefaultCapacity]. A quarter leaves room for the
 // baseline heap (caches, connections) and the Go runtime's GC headroom:
 // the server lets the heap grow to five times the live data, but sets a
-// soft memory limit at three quarters of memory (config.ApplyGC), so with
+// soft memory limit at half of memory (config.ApplyGC), so with
 // a full budget the collector works harder rather than the heap growing.
 func DefaultCapacity() int64 {
 	return capacityFrom(MemoryLimit())

@@ -60,7 +60,7 @@ func (c *Config) settings() []setting {
 		{"background-max-pause", "longest a getRepo export or blob download pauses per chunk while writes are in flight (0 = never)", (*durationValue)(&c.BackgroundMaxPause)},
 		{"car-cache", "bytes of whole-repository getRepo answers kept on disk under the data dir, like 1GiB (0 = none)", (*byteSize)(&c.CARCache)},
 		{"export-rate", "bytes a second all getRepo answers share, like 32MiB (0 = unpaced)", (*byteSize)(&c.ExportRate)},
-		{"gc-percent", "Go garbage collector target (GOGC) beside a soft memory limit of 3/4 of memory; GOGC in the environment wins (-1 = off)", (*intValue)(&c.GCPercent)},
+		{"gc-percent", "Go garbage collector target (GOGC) beside a soft memory limit of half of memory; GOGC in the environment wins (-1 = off)", (*intValue)(&c.GCPercent)},
 		{"refusal-cooloff", "longest a connection just answered 429/503 is held (for its Retry-After) before its next request is read (0 = never)", (*durationValue)(&c.RefusalCoolOff)},
 		{"ratelimits", "rate limits: empty = the reference PDS's, off, or overrides like global=6000/5m;createSession=10/5m,100/1d", (*stringValue)(&c.RateLimits)},
 		{"ratelimit-max-keys", "clients (IPs, DIDs) each rate limiter tracks at once", (*intValue)(&c.RateLimitMaxKeys)},

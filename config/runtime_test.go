@@ -39,7 +39,7 @@ func TestApplyGC(t *testing.T) {
 	t.Setenv("GOGC", "")
 	t.Setenv("GOMEMLIMIT", "")
 	debug.SetMemoryLimit(math.MaxInt64)
-	want := budget.MemoryLimit() / 4 * 3
+	want := budget.MemoryLimit() / 2
 	gc, limit := ApplyGC(321)
 	require.Equal(t, 321, gc)
 	require.Equal(t, 321, debug.SetGCPercent(321), "target not in force")
