@@ -22,7 +22,8 @@ import (
 // hypervisor's steal comes and goes), so a change of a few percent shows
 // only when its two sides share the same minutes. runInterleavedAB runs
 // writers committing (each to its own repo) without pause, and switches
-// between two variants every 400 ms (use sets one up), b.N blocks in all; each commit counts
+// between two variants every 400 ms (use sets one up; it is also called
+// for variant 0 before the writers start), b.N blocks in all; each commit counts
 // for the variant it started and ended in. It prints commits/s and
 // latencies per variant.
 func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(bb *bundle, variant int)) {
@@ -32,6 +33,7 @@ func runInterleavedAB(b *testing.B, writers int, names [2]string, use func(bb *b
 	for i := range dids {
 		dids[i] = bb.newRepo(b, i)
 	}
+	use(bb, 0) // set up before the writers start
 	const between = -1
 	var variant atomic.Int32
 	variant.Store(between)
@@ -118,9 +120,11 @@ func BenchmarkCommitGatherAB(b *testing.B) {
 			stop()
 		}
 	}()
+	var current atomic.Pointer[firehose.Sequencer]
 	runInterleavedAB(b, max(writers, 1), [2]string{"gather " + gathers[0].String(), "gather " + gathers[1].String()}, func(bb *bundle, v int) {
-		if stop == nil {
+		if stop == nil { // the first call, before the writers start
 			stop = bb.stopSeq
+			bb.engine.waker = wakeFunc(func() { current.Load().Wake() })
 		}
 		stop()
 		seq := firehose.NewSequencer(bb.pool, firehose.SequencerConfig{Gather: gathers[v], LeaderRetry: 5 * time.Millisecond})
@@ -128,6 +132,11 @@ func BenchmarkCommitGatherAB(b *testing.B) {
 		done := make(chan struct{})
 		go func() { defer close(done); _ = seq.Run(ctx) }()
 		stop = func() { cancel(); <-done }
-		bb.engine.waker = seq
+		current.Store(seq)
 	})
 }
+
+// wakeFunc is a Waker.
+type wakeFunc func()
+
+func (f wakeFunc) Wake() { f() }
