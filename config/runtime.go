@@ -22,8 +22,9 @@ const DefaultGCPercent = 400
 // target percent (-1 turns the proportional collector off), and a soft
 // memory limit of half the memory the process may use (budget.MemoryLimit;
 // the other half is left to the managed Postgres and the page cache): near
-// it the collector runs as often as it must, whatever the target. GOGC and GOMEMLIMIT set in the environment win over
-// each. It returns the target and limit in force.
+// it the collector runs as often as it must, whatever the target. GOGC and
+// GOMEMLIMIT set in the environment win over each. It returns the target
+// and limit in force.
 func ApplyGC(percent int) (gcPercent int, memoryLimit int64) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(percent)

@@ -47,7 +47,7 @@ type SequencerConfig struct {
 	// costs Postgres ~0.3 ms of CPU whatever its size, and its WAL flush
 	// delays the writers' own: at 2 ms a single busy writer paid for one
 	// batch per one or two commits, and 50 ms against 10 ms gave a lone
-	// writer 3-4% more commits a second (repo BenchmarkCommitGatherAB).
+	// writer 2-4% more commits a second (repo BenchmarkCommitGatherAB).
 	// 50 ms more of firehose latency is nothing to a relay.
 	Gather time.Duration
 	Logger *slog.Logger
