@@ -10,7 +10,7 @@ import (
 // DefaultGCPercent is the Go garbage collector's target (GOGC) the server
 // runs with. A PDS keeps little live heap (caches, connections) and
 // allocates fast per request, so at Go's default of 100 it collects every
-// few dozen commits; at 400 it collects a quarter as often, for 4-10% more
+// few dozen commits; at 400 it collects a quarter as often, for 3-11% more
 // commits a second at one and at 16 writers (docs/BENCHMARKS.md). The
 // price is headroom: under the incident replay's scraper fleet the
 // process peaked at ~235 MB instead of ~118 MB (64 MiB in-flight budget).
