@@ -160,8 +160,8 @@ func (s *signer) parse(token, typ string, scopes ...string) (*Claims, error) {
 		if !s.now().Before(cached.ExpiresAt) {
 			return nil, ruleErr(ErrExpiredToken, "token has expired")
 		}
-		if !slices.Contains(scopes, cached.Scope) {
-			return nil, ruleErr(ErrInvalidToken, "bad token scope")
+		if err := checkScope(cached.Scope, scopes); err != nil {
+			return nil, err
 		}
 		c := *cached
 		return &c, nil
@@ -206,15 +206,19 @@ func (s *signer) verify(token, typ string, scopes ...string) (*Claims, error) {
 	if err != nil {
 		return nil, ruleErr(ErrInvalidToken, "malformed token")
 	}
-	ok := false
-	for _, sc := range scopes {
-		ok = ok || c.Scope == sc
-	}
-	if !ok {
-		return nil, ruleErr(ErrInvalidToken, "bad token scope")
+	if err := checkScope(c.Scope, scopes); err != nil {
+		return nil, err
 	}
 	if c.ID == "" {
 		return nil, ruleErr(ErrInvalidToken, "token has no id")
 	}
 	return &Claims{DID: did, Scope: c.Scope, ID: c.ID, ExpiresAt: c.ExpiresAt.Time}, nil
+}
+
+// checkScope refuses a token whose scope is not one of scopes.
+func checkScope(scope string, scopes []string) error {
+	if !slices.Contains(scopes, scope) {
+		return ruleErr(ErrInvalidToken, "bad token scope")
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 
 	"github.com/bulwark-pds/bulwark/budget"
 )
@@ -32,8 +33,7 @@ func ApplyGC(percent int) (gcPercent int, memoryLimit int64) {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(budget.MemoryLimit() / 2)
 	}
-	// Both setters return the value before; setting it back reads it.
-	gcPercent = debug.SetGCPercent(100)
-	debug.SetGCPercent(gcPercent)
-	return gcPercent, debug.SetMemoryLimit(-1)
+	in := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(in)
+	return int(in[0].Value.Uint64()), int64(in[1].Value.Uint64())
 }

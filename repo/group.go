@@ -151,8 +151,11 @@ func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
 // at most maxGroup and maxGroupBytes, at least one.
 func groupLen(queue []*pendingCommit) int {
 	n, size := 0, 0
-	for n < len(queue) && n < maxGroup && (n == 0 || size+queue[n].rows.size() <= maxGroupBytes) {
+	for n < len(queue) && n < maxGroup {
 		size += queue[n].rows.size()
+		if n > 0 && size > maxGroupBytes {
+			break
+		}
 		n++
 	}
 	return n
@@ -173,12 +176,9 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 	slices.SortFunc(batch, func(a, b *pendingCommit) int { return cmp.Compare(a.did, b.did) })
 	b := &pgx.Batch{}
 	for _, c := range batch {
-		if c.guard != nil {
-			b.Queue(c.guard.SQL, c.guard.Args...)
-		}
-		e.queue(b, c.rows, c.old)
+		e.queueGuarded(b, c.guard, c.rows, c.old)
 	}
-	err := conn.SendBatch(ctx, b).Close()
+	err := send(ctx, conn, b)
 	if err == nil {
 		e.groupedCommits.Add(int64(len(batch)))
 		metrics.CommitGroups.Inc()
@@ -188,8 +188,7 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		// Not an answer from the server: whether the group committed is
-		// unknown, and the connection is not reused.
-		_ = conn.Conn().Close(ctx)
+		// unknown (and send has closed the connection).
 		for _, c := range batch {
 			c.err = err
 		}
@@ -203,14 +202,25 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 }
 
 // storeOne sends one commit (its guard, then its statements) as one
-// implicit transaction. A connection that failed without an answer from
-// the server is closed.
+// implicit transaction.
 func (e *Engine) storeOne(ctx context.Context, conn *pgxpool.Conn, guard *Guard, rows *commitRows, old []byte) error {
 	b := &pgx.Batch{}
+	e.queueGuarded(b, guard, rows, old)
+	return send(ctx, conn, b)
+}
+
+// queueGuarded adds a commit's guard, if any, then its statements to b.
+func (e *Engine) queueGuarded(b *pgx.Batch, guard *Guard, rows *commitRows, old []byte) {
 	if guard != nil {
 		b.Queue(guard.SQL, guard.Args...)
 	}
 	e.queue(b, rows, old)
+}
+
+// send sends b and reads every answer. A connection that failed without
+// an answer from the server may be in any state, so it is closed (the
+// pool then drops it).
+func send(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) error {
 	err := conn.SendBatch(ctx, b).Close()
 	var pe *pgconn.PgError
 	if err != nil && !errors.As(err, &pe) {
