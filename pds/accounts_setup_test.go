@@ -45,6 +45,8 @@ type accountEnv struct {
 	accounts *account.Service
 	engine   *repo.Engine
 	jwt      []byte
+	// server is the running Server (its method table, for sweeps).
+	server *Server
 }
 
 type envOptions struct {
@@ -130,7 +132,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	t.Cleanup(ts.Close)
 	return &accountEnv{
 		url: ts.URL, cfg: cfg, pool: pool, plc: dir, plcURL: plcSrv.URL,
-		accounts: accts, engine: engine, jwt: []byte(cfg.JWTSecret),
+		accounts: accts, engine: engine, jwt: []byte(cfg.JWTSecret), server: s,
 	}
 }
 

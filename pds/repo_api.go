@@ -476,7 +476,34 @@ func recordJSON(did syntax.DID, rec *repo.Record) (recordOutput, error) {
 	if err != nil {
 		return recordOutput{}, err
 	}
+	emptyBytes(v)
 	return recordOutput{URI: atURI(did, rec.Collection, rec.RKey), CID: rec.CID.String(), Value: v}, nil
+}
+
+// emptyBytes replaces, at any depth of a decoded record, the nil
+// atdata.Bytes that a zero-length CBOR byte string decodes to with an empty
+// one: atdata.Bytes refuses to encode nil as JSON, and {"$bytes": ""} is
+// valid data any client may write, so one such record would otherwise
+// make its getRecord and every listRecords page holding it a 500.
+func emptyBytes(v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if b, ok := e.(atdata.Bytes); ok && b == nil {
+				x[k] = atdata.Bytes{}
+			} else {
+				emptyBytes(e)
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if b, ok := e.(atdata.Bytes); ok && b == nil {
+				x[i] = atdata.Bytes{}
+			} else {
+				emptyBytes(e)
+			}
+		}
+	}
 }
 
 func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {

@@ -13,8 +13,22 @@ import (
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
-// subscribeUpgrader upgrades admitted subscribeRepos requests.
-var subscribeUpgrader = firehose.Upgrader()
+// subscribeUpgrader upgrades admitted subscribeRepos requests. A botched
+// handshake (no Sec-WebSocket-Key, another protocol version) is answered
+// in the XRPC error shape like any other refusal, not with the upgrader's
+// plain-text one.
+var subscribeUpgrader = func() *websocket.Upgrader {
+	u := firehose.Upgrader()
+	u.Error = func(w http.ResponseWriter, _ *http.Request, status int, reason error) {
+		e := InvalidRequest("%v", reason)
+		if status >= 500 {
+			e = InternalServerError()
+		}
+		w.Header().Set("Sec-Websocket-Version", "13")
+		_ = writeJSON(w, status, xrpcErrorBody{Error: e.Name, Message: e.Message})
+	}
+	return u
+}()
 
 // subscribeReposPath is the method's path; refusals on it are not
 // access-logged one by one (see observe).

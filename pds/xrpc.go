@@ -13,8 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // XRPCError is an error answered to the client as the XRPC error body
@@ -185,10 +187,36 @@ func xrpcErrorFor(err error) *XRPCError {
 		if xe := limitErrorFor(err); xe != nil {
 			return xe
 		}
+		if xe := textErrorFor(err); xe != nil {
+			return xe
+		}
 		e := InternalServerError()
 		e.Err = err
 		return e
 	}
+}
+
+// Postgres's SQLSTATEs for a string it cannot store: a NUL character or
+// bytes that are not UTF-8 in a text column (22021), a \u0000 in a jsonb
+// one (22P05).
+const (
+	codeCharacterNotInRepertoire = "22021"
+	codeUntranslatableCharacter  = "22P05"
+)
+
+// textErrorFor maps Postgres's refusal of a string to InvalidRequest; nil
+// for anything else. The strings the server stores come from requests, and
+// JSON may carry a NUL ("\u0000") in any field a handler does not parse
+// further (an app password's name, an invite note, an audit reason), so
+// such a refusal is the client's mistake, not a 500. The statement failed,
+// so its transaction wrote nothing. (Query parameters are checked earlier,
+// by params, with the parameter's name.)
+func textErrorFor(err error) *XRPCError {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeCharacterNotInRepertoire || pgErr.Code == codeUntranslatableCharacter) {
+		return InvalidRequest("the request holds text that cannot be stored: a NUL character (\\u0000) or invalid UTF-8")
+	}
+	return nil
 }
 
 // writeError answers err as an XRPC error. A 500 is logged with its cause
@@ -202,8 +230,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	// A 503 is a refusal under load, like a 429: logging each at error
 	// level would add a synchronous write per refused request exactly when
-	// the server is busiest. The metrics count them.
-	if xe.Status >= 500 && xe.Status != http.StatusServiceUnavailable {
+	// the server is busiest. The metrics count them. A 501 answers a method
+	// this server does not implement: nothing failed.
+	if xe.Status >= 500 && xe.Status != http.StatusServiceUnavailable && xe.Status != http.StatusNotImplemented {
 		if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
 			// The client went away; nobody is waiting for the answer.
 			if s.logger.Enabled(r.Context(), slog.LevelDebug) {
@@ -323,12 +352,12 @@ func (p *params) fail(format string, args ...any) {
 }
 
 // optional returns the parameter or "".
-func (p *params) optional(name string) string { return p.v.Get(name) }
+func (p *params) optional(name string) string { return p.text(name, p.v.Get(name)) }
 
 // required returns the parameter, recording an error when it is missing or
 // empty.
 func (p *params) required(name string) string {
-	v := p.v.Get(name)
+	v := p.text(name, p.v.Get(name))
 	if v == "" {
 		p.fail("missing required parameter %q", name)
 	}
@@ -336,7 +365,25 @@ func (p *params) required(name string) string {
 }
 
 // list returns every value of a repeated parameter (?cids=a&cids=b).
-func (p *params) list(name string) []string { return p.v[name] }
+func (p *params) list(name string) []string {
+	vs := p.v[name]
+	for _, v := range vs {
+		p.text(name, v)
+	}
+	return vs
+}
+
+// text returns v, or records an error and returns "" when v is not text
+// (invalid UTF-8, or a NUL byte): no parameter means either, and Postgres
+// refuses both in a text column, which would make a cursor or a filter a
+// 500 instead of the client's mistake.
+func (p *params) text(name, v string) string {
+	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		p.fail("parameter %q must be UTF-8 text without NUL bytes", name)
+		return ""
+	}
+	return v
+}
 
 // intParam returns an integer parameter within [lo, hi], or def when it is
 // absent. Out of range is an error rather than clamped, as in the reference
