@@ -23,6 +23,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 )
 
 // The bad-input sweep. Every XRPC method in the server's method table is
@@ -822,23 +823,12 @@ func errorName(b []byte) string {
 }
 
 // lockedBuffer is the server's log, kept to explain a failure.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type lockedBuffer struct{ syncbuf.Buffer }
 
 // about returns the log lines of request id, if any.
 func (l *lockedBuffer) about(id string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for line := range strings.Lines(l.buf.String()) {
+	for line := range strings.Lines(l.String()) {
 		if strings.Contains(line, "request_id="+id+" ") {
 			out = append(out, truncate(strings.TrimSpace(line), 2000))
 		}

@@ -22,6 +22,8 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 )
 
 // childEnv makes the test binary, run as a child process, behave as the
@@ -170,13 +172,14 @@ func TestWSURL(t *testing.T) {
 func TestLoadSmokeAttackChild(t *testing.T) {
 	t.Parallel()
 	srv := fakePDS(t)
-	var out, stderr bytes.Buffer
+	var out bytes.Buffer
+	var stderr syncbuf.Buffer
 	o := options{
 		url: srv.URL, duration: 500 * time.Millisecond, baseline: 100 * time.Millisecond,
 		scenarios: "flood,relays,scrape,write", floodConns: 2, relays: 2, cursor: 0, scrapers: 2,
 		did: "did:plc:test", handle: "alice.test", password: "pw", collection: "app.bsky.feed.post",
 		interval: 10 * time.Millisecond, pid: os.Getpid(), cooldown: 0,
-		attack: attackNice{set: true, nice: 19}, selfExe: os.Args[0], childEnv: []string{childEnv + "=main"}, childStderr: &syncWriter{w: &stderr},
+		attack: attackNice{set: true, nice: 19}, selfExe: os.Args[0], childEnv: []string{childEnv + "=main"}, childStderr: &stderr,
 	}
 	err := load(context.Background(), o, &out, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, "child stderr: %s", stderr.String())
@@ -186,18 +189,6 @@ func TestLoadSmokeAttackChild(t *testing.T) {
 		"attack process (pid", "at nice 19 (all"} {
 		require.Contains(t, s, want)
 	}
-}
-
-// syncWriter serializes writes (a child's stderr is copied by a goroutine).
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 // TestStartNicedLowersOnlyTheChild: every thread of the child runs at the

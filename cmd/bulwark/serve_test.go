@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -31,10 +31,10 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // startServe runs `bulwark serve` with args in this process until ctx
 // ends, and waits for it to listen: it returns the address, the channel
 // that gets its exit code, and its log.
-func startServe(t *testing.T, ctx context.Context, args []string) (string, <-chan int, *syncBuffer) {
+func startServe(t *testing.T, ctx context.Context, args []string) (string, <-chan int, *syncbuf.Buffer) {
 	t.Helper()
 	done := make(chan int, 1)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	go func() { done <- run(ctx, args, io.Discard, logs) }()
 	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
 	var addr string
@@ -57,24 +57,6 @@ func startServe(t *testing.T, ctx context.Context, args []string) (string, <-cha
 // instead of hanging it. It is generous (initdb and crash recovery on a
 // loaded CI machine) and is not a performance assertion.
 const waitLimit = 3 * time.Minute
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func TestRunUsage(t *testing.T) {
 	t.Parallel()
@@ -116,7 +98,7 @@ func TestExternalDatabase(t *testing.T) {
 	dataDir := t.TempDir()
 	base := []string{"--database-url", url, "--data-dir", dataDir, "--listen", "127.0.0.1:0"}
 
-	var out, errs syncBuffer
+	var out, errs syncbuf.Buffer
 	require.Equal(t, 0, run(context.Background(), append([]string{"migrate", "up"}, base...), &out, &errs), errs.String())
 	require.Equal(t, 0, run(context.Background(), append([]string{"migrate", "status"}, base...), &out, &errs), errs.String())
 	require.Contains(t, out.String(), "00001")
@@ -278,7 +260,7 @@ func runMigrateStatus(t *testing.T, bin string, env []string) string {
 // proc is a bulwark process under test.
 type proc struct {
 	cmd  *exec.Cmd
-	logs syncBuffer
+	logs syncbuf.Buffer
 	done chan struct{} // closed when the process has exited
 }
 

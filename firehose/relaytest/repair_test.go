@@ -35,6 +35,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
@@ -584,23 +585,12 @@ func (o *relayOutput) lastSync() *comatproto.SyncSubscribeRepos_Sync {
 
 // logRecord keeps what is logged through slog.Default (warnings and up) as
 // text lines.
-type logRecord struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logRecord) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logRecord struct{ syncbuf.Buffer }
 
 // count is how many lines contain every one of subs.
 func (l *logRecord) count(subs ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	n := 0
-	for line := range strings.Lines(l.buf.String()) {
+	for line := range strings.Lines(l.String()) {
 		all := true
 		for _, s := range subs {
 			all = all && strings.Contains(line, s)
