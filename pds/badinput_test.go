@@ -308,23 +308,8 @@ func (fx *sweepFixture) queryValue(name string, p lexProp) any {
 	case "cursor", "exp":
 		return skip{}
 	}
-	switch p.Format {
-	case "did", "at-identifier":
-		return did
-	case "handle":
-		return fx.user.handle
-	case "nsid":
-		return "app.bsky.feed.post"
-	case "record-key":
-		return fx.rkey
-	case "cid":
-		return fx.recordCID
-	case "at-uri":
-		return fx.recordURI
-	case "tid":
-		return fx.rev
-	case "datetime":
-		return time.Now().UTC().Format(time.RFC3339)
+	if v, ok := fx.formatValue(p.Format, fx.user.handle); ok {
+		return v
 	}
 	switch p.Type {
 	case "integer":
@@ -335,6 +320,31 @@ func (fx *sweepFixture) queryValue(name string, p lexProp) any {
 		return []string{"x"}
 	}
 	return "x"
+}
+
+// formatValue is a valid value of a string format, handle standing for
+// the handle format (an existing one for queries, a fresh one for
+// bodies); false for a format it does not know.
+func (fx *sweepFixture) formatValue(format, handle string) (string, bool) {
+	switch format {
+	case "did", "at-identifier":
+		return fx.user.did.String(), true
+	case "handle":
+		return handle, true
+	case "nsid":
+		return "app.bsky.feed.post", true
+	case "record-key":
+		return fx.rkey, true
+	case "cid":
+		return fx.recordCID, true
+	case "at-uri":
+		return fx.recordURI, true
+	case "tid":
+		return fx.rev, true
+	case "datetime":
+		return time.Now().UTC().Format(time.RFC3339), true
+	}
+	return "", false
 }
 
 // bodyValue is a valid value of body field name, or skip{}.
@@ -383,23 +393,8 @@ func (fx *sweepFixture) bodyValue(name string, p lexProp) any {
 		"verificationCode", "verificationPhone", "authFactorToken":
 		return skip{}
 	}
-	switch p.Format {
-	case "did", "at-identifier":
-		return did
-	case "handle":
-		return fx.freshHandle
-	case "nsid":
-		return "app.bsky.feed.post"
-	case "record-key":
-		return fx.rkey
-	case "cid":
-		return fx.recordCID
-	case "at-uri":
-		return fx.recordURI
-	case "tid":
-		return fx.rev
-	case "datetime":
-		return time.Now().UTC().Format(time.RFC3339)
+	if v, ok := fx.formatValue(p.Format, fx.freshHandle); ok {
+		return v
 	}
 	switch p.Type {
 	case "integer":
