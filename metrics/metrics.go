@@ -15,6 +15,7 @@ package metrics
 
 import (
 	"net/http"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -174,7 +175,12 @@ var (
 
 func init() {
 	Registry.MustRegister(
-		collectors.NewGoCollector(),
+		// Beside the defaults, how long runnable goroutines waited for a
+		// CPU (go_sched_latencies_seconds): on a server whose requests are
+		// mostly waits, this is where contention for the cores shows.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
+		)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: namespace}),
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,

@@ -158,6 +158,14 @@ func TestPoolMetrics(t *testing.T) {
 	require.Contains(t, s, "bulwark_pg_pool_empty_acquires_total")
 }
 
+// TestSchedulerLatencyExported: the Go collector exports the scheduler's
+// latency histogram (not among its defaults).
+func TestSchedulerLatencyExported(t *testing.T) {
+	samples := scrape(t)
+	require.Contains(t, samples, "go_sched_latencies_seconds_count")
+	require.Contains(t, samples, "go_memstats_heap_inuse_bytes", "the default Go metrics stay")
+}
+
 func TestServe(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
