@@ -199,7 +199,7 @@ var wrongTypes = []struct {
 	{"array", `[]`, "array"},
 	{"array of numbers", `[1,2]`, ""},
 	{"null", `null`, ""},
-	{"5000 nested arrays", strings.Repeat("[", 5000) + strings.Repeat("]", 5000), ""},
+	{"5000 nested arrays", nested(5000, false), ""},
 }
 
 // nested returns n nested arrays (or objects).

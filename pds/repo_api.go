@@ -476,34 +476,32 @@ func recordJSON(did syntax.DID, rec *repo.Record) (recordOutput, error) {
 	if err != nil {
 		return recordOutput{}, err
 	}
-	emptyBytes(v)
+	emptyBytes(v) // v is a map: changed in place
 	return recordOutput{URI: atURI(did, rec.Collection, rec.RKey), CID: rec.CID.String(), Value: v}, nil
 }
 
-// emptyBytes replaces, at any depth of a decoded record, the nil
-// atdata.Bytes that a zero-length CBOR byte string decodes to with an empty
-// one: atdata.Bytes refuses to encode nil as JSON, and {"$bytes": ""} is
-// valid data any client may write, so one such record would otherwise
-// make its getRecord and every listRecords page holding it a 500.
-func emptyBytes(v any) {
+// emptyBytes returns v with every nil atdata.Bytes in it (what a
+// zero-length CBOR byte string decodes to) made empty, changing maps and
+// slices in place: atdata.Bytes refuses to encode nil as JSON, and
+// {"$bytes": ""} is valid data any client may write, so one such record
+// would otherwise make its getRecord and every listRecords page holding
+// it a 500.
+func emptyBytes(v any) any {
 	switch x := v.(type) {
+	case atdata.Bytes:
+		if x == nil {
+			return atdata.Bytes{}
+		}
 	case map[string]any:
 		for k, e := range x {
-			if b, ok := e.(atdata.Bytes); ok && b == nil {
-				x[k] = atdata.Bytes{}
-			} else {
-				emptyBytes(e)
-			}
+			x[k] = emptyBytes(e)
 		}
 	case []any:
 		for i, e := range x {
-			if b, ok := e.(atdata.Bytes); ok && b == nil {
-				x[i] = atdata.Bytes{}
-			} else {
-				emptyBytes(e)
-			}
+			x[i] = emptyBytes(e)
 		}
 	}
+	return v
 }
 
 func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {
