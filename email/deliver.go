@@ -204,10 +204,15 @@ func (m *Mailer) retry(ctx context.Context, r *outRow, cause error) {
 		return
 	}
 	wait := m.backoff(r.attempts)
-	m.metrics.retries.WithLabelValues(string(r.kind)).Inc()
-	if _, err := m.pool.Exec(ctx, qMarkRetry, r.id, m.now().Add(wait), note(cause), m.now()); err != nil {
+	tag, err := m.pool.Exec(ctx, qMarkRetry, r.id, m.now().Add(wait), note(cause), m.now())
+	switch {
+	case err != nil:
 		m.log.Error("recording a failed attempt", append(r.logAttrs(), "err", db.Translate(err))...)
+	case tag.RowsAffected() == 0:
+		m.log.Debug("mail not sent and cancelled meanwhile", append(r.logAttrs(), "err", cause)...)
+		return
 	}
+	m.metrics.retries.WithLabelValues(string(r.kind)).Inc()
 	m.log.Warn("mail not sent; will retry", append(r.logAttrs(), "retry_in", wait, "err", cause)...)
 }
 
@@ -222,10 +227,15 @@ func (m *Mailer) backoff(n int) time.Duration {
 }
 
 func (m *Mailer) fail(ctx context.Context, r *outRow, cause error) {
-	m.metrics.failed.WithLabelValues(string(r.kind)).Inc()
-	if _, err := m.pool.Exec(ctx, qMarkFailed, r.id, note(cause), m.now()); err != nil {
+	tag, err := m.pool.Exec(ctx, qMarkFailed, r.id, note(cause), m.now())
+	switch {
+	case err != nil:
 		m.log.Error("recording a failed mail", append(r.logAttrs(), "err", db.Translate(err))...)
+	case tag.RowsAffected() == 0:
+		m.log.Debug("mail not sent and cancelled meanwhile", append(r.logAttrs(), "err", cause)...)
+		return
 	}
+	m.metrics.failed.WithLabelValues(string(r.kind)).Inc()
 	m.log.Error("mail failed; giving up (kept in the outbox)", append(r.logAttrs(), "err", cause)...)
 }
 

@@ -254,15 +254,15 @@ func (m *Mailer) Wake() {
 	}
 }
 
-// Start runs Run in the background until Stop. Any number of nodes may run
-// a worker over the same database.
+// Start runs Run in the background until Stop or the end of ctx. Any
+// number of nodes may run a worker over the same database.
 func (m *Mailer) Start(ctx context.Context) error {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
 	if m.stop != nil {
 		return errors.New("email: worker already started")
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ctx, cancel := context.WithCancel(ctx)
 	m.stop, m.done = cancel, make(chan struct{})
 	go func() {
 		defer close(m.done)

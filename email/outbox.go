@@ -26,6 +26,8 @@ var (
 	qLockTokenByCode     = queries.MustGet("LockTokenByCode")
 	qDeleteToken         = queries.MustGet("DeleteToken")
 	qDeleteExpiredTokens = queries.MustGet("DeleteExpiredTokens")
+	qDeleteAcctTokens    = queries.MustGet("DeleteAccountTokens")
+	qCancelAcctTokenMail = queries.MustGet("CancelAccountTokenMail")
 	qCancelTokenMail     = queries.MustGet("CancelTokenMail")
 	qPendingTokens       = queries.MustGet("PendingTokens")
 	qInsertMessage       = queries.MustGet("InsertMessage")
@@ -93,15 +95,9 @@ type messageData struct {
 
 // check validates msg and returns the bare recipient address.
 func (msg *Message) check() (string, error) {
-	if !msg.Kind.Valid() {
-		return "", fmt.Errorf("%w: unknown kind %q", ErrInvalidMessage, msg.Kind)
-	}
-	to, err := checkAddress(msg.To)
+	to, err := msg.checkEnvelope()
 	if err != nil {
 		return "", err
-	}
-	if len(msg.Handle) > MaxHandleLen || !utf8.ValidString(msg.Handle) {
-		return "", fmt.Errorf("%w: handle longer than %d bytes", ErrInvalidMessage, MaxHandleLen)
 	}
 	if msg.Kind.Purpose() != "" {
 		if msg.Code == "" || msg.ExpiresAt.IsZero() {
@@ -117,6 +113,21 @@ func (msg *Message) check() (string, error) {
 	}
 	if strings.TrimSpace(msg.Content) == "" {
 		return "", fmt.Errorf("%w: empty content", ErrInvalidMessage)
+	}
+	return to, nil
+}
+
+// checkEnvelope validates the kind, recipient and handle.
+func (msg *Message) checkEnvelope() (string, error) {
+	if !msg.Kind.Valid() {
+		return "", fmt.Errorf("%w: unknown kind %q", ErrInvalidMessage, msg.Kind)
+	}
+	to, err := checkAddress(msg.To)
+	if err != nil {
+		return "", err
+	}
+	if len(msg.Handle) > MaxHandleLen || !utf8.ValidString(msg.Handle) {
+		return "", fmt.Errorf("%w: handle longer than %d bytes or not UTF-8", ErrInvalidMessage, MaxHandleLen)
 	}
 	return to, nil
 }
@@ -192,8 +203,9 @@ func (m *Mailer) SendToken(ctx context.Context, q db.DBTX, did syntax.DID, to st
 	if !purpose.Valid() {
 		return fmt.Errorf("%w: %q", ErrInvalidPurpose, purpose)
 	}
-	msg := Message{Kind: Kind(purpose), To: to, DID: did, Handle: data.Handle, Code: "pending", ExpiresAt: time.Unix(1, 0)}
-	addr, err := msg.check()
+	msg := Message{Kind: Kind(purpose), To: to, DID: did, Handle: data.Handle}
+	// Checked before the code is issued: bad input changes nothing.
+	addr, err := msg.checkEnvelope()
 	if err != nil {
 		return err
 	}

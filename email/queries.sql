@@ -16,6 +16,14 @@ SELECT did, expires_at FROM email_tokens WHERE purpose = $1 AND code_hash = $2 L
 -- name: DeleteToken
 DELETE FROM email_tokens WHERE did = $1 AND purpose = $2;
 
+-- name: DeleteAccountTokens
+DELETE FROM email_tokens WHERE did = $1;
+
+-- name: CancelAccountTokenMail
+UPDATE email_outbox
+SET state = 'cancelled', note = $2, code = NULL, updated_at = $3
+WHERE did = $1 AND code IS NOT NULL AND state IN ('held', 'pending');
+
 -- name: DeleteExpiredTokens
 DELETE FROM email_tokens WHERE expires_at < $1;
 

@@ -395,6 +395,7 @@ func parse(t testing.TB, r received) parsed {
 		require.NoError(t, err)
 		body, err := io.ReadAll(part) // quoted-printable is decoded by NextPart
 		require.NoError(t, err)
+		body = bytes.ReplaceAll(body, []byte("\r\n"), []byte("\n"))
 		ct, _, err := mime.ParseMediaType(part.Header.Get("Content-Type"))
 		require.NoError(t, err)
 		switch ct {

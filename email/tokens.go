@@ -195,6 +195,18 @@ func (t Tokens) use(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purp
 	return nil
 }
 
+// RevokeAll deletes every code of did and cancels their unsent mail, as
+// the reference PDS does when an account's email address changes.
+func (t Tokens) RevokeAll(ctx context.Context, q db.DBTX, did syntax.DID) error {
+	if _, err := q.Exec(ctx, qDeleteAcctTokens, did.String()); err != nil {
+		return fmt.Errorf("email: revoke tokens: %w", db.Translate(err))
+	}
+	if _, err := q.Exec(ctx, qCancelAcctTokenMail, did.String(), "codes revoked", t.now()); err != nil {
+		return fmt.Errorf("email: revoke tokens: %w", db.Translate(err))
+	}
+	return nil
+}
+
 // Pending is a code that has not reached its owner by mail yet.
 type Pending struct {
 	Purpose   Purpose

@@ -198,3 +198,69 @@ func TestCodeShape(t *testing.T) {
 		`SELECT count(*) FROM email_tokens WHERE octet_length(code_hash) = 32`).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// Two requests racing with the same code: one wins, the other is refused.
+func TestConsumeRace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := e.mailer(t, e.config(t, ""))
+	did := e.account(t)
+	ctx := context.Background()
+	code, err := m.Issue(ctx, e.pool, did, email.PurposeDeleteAccount)
+	require.NoError(t, err)
+
+	first, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, m.Consume(ctx, first, did, email.PurposeDeleteAccount, code))
+	// The second waits for the first's row lock, then finds the code gone.
+	second := make(chan error, 1)
+	go func() {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			second <- err
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := m.Consume(ctx, tx, did, email.PurposeDeleteAccount, code); err != nil {
+			second <- err
+			return
+		}
+		second <- tx.Commit(ctx)
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 30*time.Second, 5*time.Millisecond, "the second use waits for the first's lock")
+	require.NoError(t, first.Commit(ctx))
+	require.ErrorIs(t, <-second, email.ErrTokenInvalid)
+}
+
+// RevokeAll (an email address change) ends every code of the account and
+// cancels their mail.
+func TestRevokeAll(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := e.mailer(t, email.Config{Now: e.clock.Now, Logger: e.config(t, "").Logger})
+	ctx := context.Background()
+	did, other := e.account(t), e.account(t)
+	e.sendToken(t, m, did, email.PurposeConfirmEmail)
+	e.sendToken(t, m, did, email.PurposeUpdateEmail)
+	e.sendToken(t, m, other, email.PurposeUpdateEmail)
+	pending, err := m.PendingTokens(ctx, e.pool, did)
+	require.NoError(t, err)
+	require.Len(t, pending, 2)
+
+	require.NoError(t, m.RevokeAll(ctx, e.pool, did))
+	for _, p := range pending {
+		require.ErrorIs(t, e.consume(t, m, did, p.Purpose, p.Code), email.ErrTokenInvalid)
+	}
+	left, err := m.PendingTokens(ctx, e.pool, did)
+	require.NoError(t, err)
+	require.Empty(t, left)
+	require.Equal(t, []string{email.StateCancelled, email.StateCancelled, email.StateHeld}, e.states(t))
+	left, err = m.PendingTokens(ctx, e.pool, other)
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+}
