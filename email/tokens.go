@@ -104,10 +104,12 @@ func (t Tokens) issue(ctx context.Context, q db.DBTX, did syntax.DID, purpose Pu
 	}
 	now := t.now()
 	expires := now.Add(t.ttl())
-	if _, err := q.Exec(ctx, qCancelTokenMail, did.String(), string(purpose), "replaced by a newer request", now); err != nil {
+	// The upsert first: it waits for a concurrent request's lock on the
+	// row, so that request's mail is committed, and cancelled, below.
+	if _, err := q.Exec(ctx, qUpsertToken, did.String(), string(purpose), hashCode(purpose, normalize(code)), now, expires); err != nil {
 		return "", time.Time{}, fmt.Errorf("email: issue %s: %w", purpose, db.Translate(err))
 	}
-	if _, err := q.Exec(ctx, qUpsertToken, did.String(), string(purpose), hashCode(purpose, normalize(code)), now, expires); err != nil {
+	if _, err := q.Exec(ctx, qCancelTokenMail, did.String(), string(purpose), "replaced by a newer request", now); err != nil {
 		return "", time.Time{}, fmt.Errorf("email: issue %s: %w", purpose, db.Translate(err))
 	}
 	return code, expires, nil

@@ -227,12 +227,7 @@ func TestConsumeRace(t *testing.T) {
 		}
 		second <- tx.Commit(ctx)
 	}()
-	require.Eventually(t, func() bool {
-		var waiting int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
-		return err == nil && waiting == 1
-	}, 30*time.Second, 5*time.Millisecond, "the second use waits for the first's lock")
+	e.waitForLockWaiter(t)
 	require.NoError(t, first.Commit(ctx))
 	require.ErrorIs(t, <-second, email.ErrTokenInvalid)
 }
@@ -263,4 +258,54 @@ func TestRevokeAll(t *testing.T) {
 	left, err = m.PendingTokens(ctx, e.pool, other)
 	require.NoError(t, err)
 	require.Len(t, left, 1)
+}
+
+// waitForLockWaiter returns once a session of the test's database waits
+// for a row lock.
+func (e *env) waitForLockWaiter(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 30*time.Second, 5*time.Millisecond, "a second transaction waits for the first's lock")
+}
+
+// Two requests for a code at once: the later one's code is the live one,
+// and the earlier one's mail is cancelled, whatever the interleaving.
+func TestConcurrentRequests(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := e.mailer(t, email.Config{Now: e.clock.Now, Logger: e.config(t, "").Logger})
+	did := e.account(t)
+	ctx := context.Background()
+
+	first, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(ctx) }()
+	require.NoError(t, m.SendToken(ctx, first, did, "u@example.com", email.PurposeConfirmEmail, email.TokenData{}))
+	second := make(chan error, 1)
+	go func() {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			second <- err
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := m.SendToken(ctx, tx, did, "u@example.com", email.PurposeConfirmEmail, email.TokenData{}); err != nil {
+			second <- err
+			return
+		}
+		second <- tx.Commit(ctx)
+	}()
+	e.waitForLockWaiter(t)
+	require.NoError(t, first.Commit(ctx))
+	require.NoError(t, <-second)
+
+	require.Equal(t, []string{email.StateCancelled, email.StateHeld}, e.states(t))
+	pending, err := m.PendingTokens(ctx, e.pool, did)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.NoError(t, e.consume(t, m, did, email.PurposeConfirmEmail, pending[0].Code))
 }
