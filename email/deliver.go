@@ -91,16 +91,12 @@ func (m *Mailer) sendBatch(ctx context.Context, batch []outRow) int {
 	if len(batch) == 0 {
 		return 0
 	}
-	// Outcomes are recorded even when ctx ends mid-batch (Stop): a mail
-	// sent but not marked would go out again after its lease.
-	rec, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
 	msgs := make([]*gomail.Msg, len(batch))
 	live := 0
 	for i := range batch {
 		msg, err := m.build(&batch[i])
 		if err != nil {
-			m.fail(rec, &batch[i], err)
+			m.fail(ctx, &batch[i], err)
 			continue
 		}
 		msgs[i] = msg
@@ -114,8 +110,12 @@ func (m *Mailer) sendBatch(ctx context.Context, batch []outRow) int {
 	dcancel()
 	if err != nil {
 		for i := range batch {
-			if msgs[i] != nil {
-				m.retry(rec, &batch[i], fmt.Errorf("connecting to the SMTP server: %w", err))
+			switch {
+			case msgs[i] == nil:
+			case ctx.Err() != nil:
+				m.release(ctx, &batch[i])
+			default:
+				m.retry(ctx, &batch[i], fmt.Errorf("connecting to the SMTP server: %w", err))
 			}
 		}
 		return 0
@@ -127,15 +127,19 @@ func (m *Mailer) sendBatch(ctx context.Context, batch []outRow) int {
 			continue
 		}
 		r := &batch[i]
+		if ctx.Err() != nil {
+			m.release(ctx, r)
+			continue
+		}
 		err := m.client.SendWithSMTPClient(client, msgs[i])
 		switch {
 		case err == nil:
-			m.markSent(rec, r)
+			m.markSent(ctx, r)
 			sent++
 		case permanent(err):
-			m.fail(rec, r, err)
+			m.fail(ctx, r, err)
 		default:
-			m.retry(rec, r, err)
+			m.retry(ctx, r, err)
 		}
 	}
 	return sent
@@ -188,13 +192,34 @@ func (r *outRow) logAttrs() []any {
 	return []any{"id", r.id, "kind", string(r.kind), "did", r.did, "attempt", r.attempts}
 }
 
+// recordTimeout bounds the statement that records an outcome.
+const recordTimeout = 10 * time.Second
+
+// record is the context an outcome is recorded under: it outlives ctx, so
+// that a Stop mid-batch still records what was sent (a mail sent but not
+// marked would go out again after its lease).
+func record(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+}
+
 func (m *Mailer) markSent(ctx context.Context, r *outRow) {
 	m.metrics.sent.WithLabelValues(string(r.kind)).Inc()
+	ctx, cancel := record(ctx)
+	defer cancel()
 	if _, err := m.pool.Exec(ctx, qMarkSent, r.id, m.now()); err != nil {
 		m.log.Error("recording a sent mail (it may be sent again)", append(r.logAttrs(), "err", db.Translate(err))...)
 		return
 	}
 	m.log.Info("mail sent", r.logAttrs()...)
+}
+
+// release hands r back untried.
+func (m *Mailer) release(ctx context.Context, r *outRow) {
+	ctx, cancel := record(ctx)
+	defer cancel()
+	if _, err := m.pool.Exec(ctx, qReleaseMessage, r.id, m.now()); err != nil {
+		m.log.Warn("handing back an unsent mail (it waits for its lease)", append(r.logAttrs(), "err", db.Translate(err))...)
+	}
 }
 
 // retry schedules r's next attempt, or fails it after the last.
@@ -204,6 +229,8 @@ func (m *Mailer) retry(ctx context.Context, r *outRow, cause error) {
 		return
 	}
 	wait := m.backoff(r.attempts)
+	ctx, cancel := record(ctx)
+	defer cancel()
 	tag, err := m.pool.Exec(ctx, qMarkRetry, r.id, m.now().Add(wait), note(cause), m.now())
 	switch {
 	case err != nil:
@@ -227,6 +254,8 @@ func (m *Mailer) backoff(n int) time.Duration {
 }
 
 func (m *Mailer) fail(ctx context.Context, r *outRow, cause error) {
+	ctx, cancel := record(ctx)
+	defer cancel()
 	tag, err := m.pool.Exec(ctx, qMarkFailed, r.id, note(cause), m.now())
 	switch {
 	case err != nil:

@@ -171,8 +171,7 @@ func TestBackoffAndGiveUp(t *testing.T) {
 func TestPermanentRefusal(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
-	srv.rejectRcpt = "gone@example.com"
+	srv := startSMTP(t, "", plainServer, nil, func(s *smtpServer) { s.rejectRcpt = "gone@example.com" })
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	bad := e.enqueueAdmin(t, m, "gone@example.com", "one")
 	good := e.enqueueAdmin(t, m, "here@example.com", "two")
@@ -317,4 +316,41 @@ func counterSum(t testing.TB, e *env, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// A worker stopped mid-batch finishes the mail it is sending, records it,
+// and hands the rest back untried: their attempt does not count and they
+// are due at once for any node.
+func TestStopMidBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := startSMTP(t, "", plainServer, nil, func(s *smtpServer) { s.inData = make(chan chan struct{}) })
+	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
+	first := e.enqueueAdmin(t, m, "a@example.com", "one")
+	second := e.enqueueAdmin(t, m, "b@example.com", "two")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := m.Deliver(ctx)
+		done <- result{n, err}
+	}()
+	proceed := <-srv.inData // the first mail is being sent
+	cancel()
+	close(proceed)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, 1, res.n)
+	require.Equal(t, []string{"a@example.com"}, srv.next(t).To)
+
+	require.Equal(t, email.StateSent, e.row(t, first).State)
+	r := e.row(t, second)
+	require.Equal(t, email.StatePending, r.State)
+	require.Zero(t, r.Attempts)
+	require.Equal(t, e.clock.Now(), r.Next.UTC())
+	require.Zero(t, counterSum(t, e, "bulwark_email_retries_total"))
 }

@@ -36,6 +36,7 @@ var (
 	qMarkSent            = queries.MustGet("MarkSent")
 	qMarkRetry           = queries.MustGet("MarkRetry")
 	qMarkFailed          = queries.MustGet("MarkFailed")
+	qReleaseMessage      = queries.MustGet("ReleaseMessage")
 	qPruneMessages       = queries.MustGet("PruneMessages")
 	qCountByState        = queries.MustGet("CountByState")
 	qListenEmail         = queries.MustGet("ListenEmail")

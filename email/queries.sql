@@ -87,6 +87,13 @@ UPDATE email_outbox
 SET next_attempt_at = $2, note = $3, updated_at = $4
 WHERE id = $1 AND state = 'pending';
 
+-- name: ReleaseMessage
+-- Hands back a claimed mail that was not tried (the worker is stopping):
+-- its attempt does not count and any node may take it at once.
+UPDATE email_outbox
+SET attempts = attempts - 1, next_attempt_at = $2, updated_at = $2
+WHERE id = $1 AND state = 'pending';
+
 -- name: MarkFailed
 UPDATE email_outbox
 SET state = 'failed', code = NULL, note = $2, updated_at = $3

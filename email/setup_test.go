@@ -103,6 +103,9 @@ type smtpServer struct {
 	got  chan received
 	// rejectRcpt makes RCPT TO this address fail with 550.
 	rejectRcpt string
+	// inData, when set, receives a channel as each message's DATA begins;
+	// the server accepts the message once it is closed.
+	inData chan chan struct{}
 	auths      atomic.Int64 // AUTH attempts
 }
 
@@ -114,10 +117,14 @@ const (
 	implicitServer                  // TLS from the first byte
 )
 
-// startSMTP serves on addr ("" = a free loopback port) until the test ends.
-func startSMTP(t testing.TB, addr string, mode serverTLS, cert *tls.Certificate) *smtpServer {
+// startSMTP serves on addr ("" = a free loopback port) until the test
+// ends. opts set the server's fields before it accepts connections.
+func startSMTP(t testing.TB, addr string, mode serverTLS, cert *tls.Certificate, opts ...func(*smtpServer)) *smtpServer {
 	t.Helper()
 	s := &smtpServer{got: make(chan received, 100)}
+	for _, o := range opts {
+		o(s)
+	}
 	srv := smtp.NewServer(s)
 	srv.Domain = "localhost"
 	srv.AllowInsecureAuth = mode == plainServer
@@ -192,6 +199,11 @@ func (s *session) Data(r io.Reader) error {
 	}
 	s.cur.Data = b
 	_, s.cur.TLS = s.conn.TLSConnectionState()
+	if s.srv.inData != nil {
+		proceed := make(chan struct{})
+		s.srv.inData <- proceed
+		<-proceed
+	}
 	s.srv.got <- s.cur
 	return nil
 }
