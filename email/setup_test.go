@@ -106,7 +106,7 @@ type smtpServer struct {
 	// inData, when set, receives a channel as each message's DATA begins;
 	// the server accepts the message once it is closed.
 	inData chan chan struct{}
-	auths      atomic.Int64 // AUTH attempts
+	auths  atomic.Int64 // AUTH attempts
 }
 
 type serverTLS int
