@@ -194,13 +194,22 @@ func New(pool *pgxpool.Pool, cfg Config) (*Mailer, error) {
 	if m.client == nil {
 		m.log.Warn("no SMTP server configured: mail is held in the outbox (codes readable with PendingTokens)")
 	} else {
-		m.log.Info("sending mail", "smtp", cfg.SMTP, "from", m.from)
+		m.log.Info("mail goes out through SMTP", "smtp", cfg.SMTP, "from", m.from)
 	}
 	return m, nil
 }
 
 // newClient builds the go-mail client for c. Nothing is dialled yet.
 func newClient(c *SMTPConfig, base *tls.Config, timeout time.Duration, helo string) (*gomail.Client, error) {
+	// A hand-built SMTPConfig gets the checks ParseSMTPURL makes.
+	switch {
+	case c.Host == "" || c.Port < 1 || c.Port > 65535:
+		return nil, fmt.Errorf("%w: host and port 1-65535 required", ErrInvalidSMTPURL)
+	case c.TLS == TLSNone && !isLoopback(c.Host):
+		return nil, fmt.Errorf("%w: tls=none is only allowed to a loopback address", ErrInvalidSMTPURL)
+	case c.Username != "" && c.password == "":
+		return nil, fmt.Errorf("%w: a user without a password (build the config with ParseSMTPURL)", ErrInvalidSMTPURL)
+	}
 	tc := &tls.Config{}
 	if base != nil {
 		tc = base.Clone()

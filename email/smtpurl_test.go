@@ -88,3 +88,27 @@ func TestSMTPConfigRedacted(t *testing.T) {
 		require.Contains(t, s, "smtps://user:xxxxx@mail.example.com:465")
 	}
 }
+
+// New refuses configurations it could not send with.
+func TestNewRejectsConfig(t *testing.T) {
+	t.Parallel()
+	ok, err := email.ParseSMTPURL("smtps://user:pass@mail.example.com")
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		cfg  email.Config
+		want error
+	}{
+		"no sender":        {email.Config{SMTP: ok}, email.ErrInvalidConfig},
+		"bad sender":       {email.Config{SMTP: ok, From: "not an address"}, email.ErrInvalidConfig},
+		"plain off-host":   {email.Config{SMTP: &email.SMTPConfig{Host: "mail.example.com", Port: 25, TLS: email.TLSNone}, From: "a@b.c"}, email.ErrInvalidSMTPURL},
+		"user, no pass":    {email.Config{SMTP: &email.SMTPConfig{Host: "mail.example.com", Port: 465, Username: "u", TLS: email.TLSImplicit}, From: "a@b.c"}, email.ErrInvalidSMTPURL},
+		"no port":          {email.Config{SMTP: &email.SMTPConfig{Host: "mail.example.com", TLS: email.TLSImplicit}, From: "a@b.c"}, email.ErrInvalidSMTPURL},
+		"unknown TLS mode": {email.Config{SMTP: &email.SMTPConfig{Host: "mail.example.com", Port: 25, TLS: "maybe"}, From: "a@b.c"}, email.ErrInvalidSMTPURL},
+	} {
+		_, err := email.New(nil, tc.cfg)
+		require.ErrorIs(t, err, tc.want, name)
+	}
+	m, err := email.New(nil, email.Config{SMTP: ok, From: "Bulwark <noreply@pds.example.com>"})
+	require.NoError(t, err)
+	require.False(t, m.Held())
+}
