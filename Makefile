@@ -2,6 +2,7 @@
 #
 #   make run    install Postgres if missing, build, serve on the managed Postgres
 #   make test   install Postgres if missing, go vet, go test -race
+#   make tidy-check  fail when go.mod or go.sum differ from what go mod tidy writes
 #
 # Settings for `make run` come from the environment (BULWARK_*), or pass
 # flags: make run ARGS="--hostname localhost:2583".
@@ -16,7 +17,7 @@ LDFLAGS := -X main.version=$(VERSION)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: all run test build deps vet clean
+.PHONY: all run test build deps vet tidy-check clean
 
 all: build
 
@@ -37,6 +38,11 @@ run: deps build
 
 vet:
 	$(GO) vet ./...
+
+# tidy-check prints what `go mod tidy` would change in go.mod or go.sum and
+# fails when that is anything; it changes nothing itself. Fix with go mod tidy.
+tidy-check:
+	$(GO) mod tidy -diff
 
 test: deps
 	$(GO) vet ./...
