@@ -91,6 +91,9 @@ func fakePDS(t *testing.T) *httptest.Server {
 // TestLoadSmoke runs every scenario briefly against the fake server and
 // checks that each recorded the outcomes the server gave.
 func TestLoadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario for a fixed time")
+	}
 	t.Parallel()
 	srv := fakePDS(t)
 	var out bytes.Buffer
@@ -170,6 +173,9 @@ func TestWSURL(t *testing.T) {
 // command) at nice 19 and report back; the summary has the same rows,
 // plus what each process cost.
 func TestLoadSmokeAttackChild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario for a fixed time, in a child process")
+	}
 	t.Parallel()
 	srv := fakePDS(t)
 	var out bytes.Buffer
