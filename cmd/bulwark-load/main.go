@@ -263,7 +263,11 @@ func startAttacks(ctx context.Context, wg *sync.WaitGroup, o options, p *plan, r
 	start("flood", func(ctx context.Context, r *recorder) { runFlood(ctx, p.base, o.floodConns, r) })
 	start("relays", func(ctx context.Context, r *recorder) { runRelays(ctx, p.base, o.relays, o.cursor, r) })
 	start("scrape", func(ctx context.Context, r *recorder) {
-		runScrapers(ctx, scrapeTargets(p.base, o.did, p.blobCIDs), p.sources, o.scrapers, o.honorRetryAfter, r)
+		var wait func(context.Context, time.Duration)
+		if o.honorRetryAfter {
+			wait = sleep
+		}
+		runScrapers(ctx, scrapeTargets(p.base, o.did, p.blobCIDs), p.sources, o.scrapers, wait, r)
 	})
 }
 
