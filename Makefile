@@ -2,6 +2,8 @@
 #
 #   make run    install Postgres if missing, build, serve on the managed Postgres
 #   make test   install Postgres if missing, go vet, go test -race
+#   make test-short  the quick edit-test loop: go test -short, no -race
+#   make tidy-check  fail when go.mod or go.sum differ from what go mod tidy writes
 #
 # Settings for `make run` come from the environment (BULWARK_*), or pass
 # flags: make run ARGS="--hostname localhost:2583".
@@ -16,7 +18,7 @@ LDFLAGS := -X main.version=$(VERSION)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: all run test build deps vet clean
+.PHONY: all run test test-short build deps vet tidy-check clean
 
 all: build
 
@@ -37,6 +39,23 @@ run: deps build
 
 vet:
 	$(GO) vet ./...
+
+# test-short is for the edit-test loop, not for CI (CI runs make test): no
+# -race, and -short skips the slow tests: indigo's relay resuming after a
+# repair (firehose/relaytest, waits out the relay's redial back-off), the
+# serve lifecycle (cmd/bulwark, builds the binary and kills Postgres), the
+# crash test (repo, kills a writer subprocess) and the load smoke tests
+# (cmd/bulwark-load, timed runs, one in a child process); the concurrent
+# writer tests (repo) and the rate limiter's memory bound (ratelimit) run
+# with fewer writes and keys. Results of unchanged packages come from Go's
+# test cache.
+test-short: deps
+	$(GO) test -short ./...
+
+# tidy-check prints what `go mod tidy` would change in go.mod or go.sum and
+# fails when that is anything; it changes nothing itself. Fix with go mod tidy.
+tidy-check:
+	$(GO) mod tidy -diff
 
 test: deps
 	$(GO) vet ./...

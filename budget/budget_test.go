@@ -39,17 +39,12 @@ func acquireAsync(t *testing.T, ctx context.Context, b *Budget, n int64) chan re
 	return ch
 }
 
-// waitFor polls cond. It synchronises with goroutines; it asserts nothing
-// about how long they take (the deadline is only a hang guard).
+// waitFor waits until cond holds: the budget's counters are how the test
+// learns that another goroutine's request has reached the budget. It
+// asserts nothing about how long that takes (the limit is a hang guard).
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	require.Eventually(t, cond, 30*time.Second, 100*time.Microsecond, "condition not reached")
 }
 
 func receive(t *testing.T, ch chan result) result {

@@ -4,8 +4,8 @@
 // are generated into the data directory for local use.
 //
 // The names of the settings are a stable interface for operators and
-// scripts (see ARCHITECTURE.md, "Configuration names"): every setting is a
-// flag of `bulwark serve` and an environment variable, and the two always
+// scripts (the README's Configuration table lists them): every setting is
+// a flag of `bulwark serve` and an environment variable, and the two always
 // carry the same name (--data-dir and BULWARK_DATA_DIR).
 //
 // Typical use:

@@ -45,9 +45,10 @@ const (
 	PolicyRepoWrite = "repoWrite"
 )
 
-// DefaultPolicies returns the reference PDS's limits (PROTOCOL.md, "Rate
-// limits of the reference PDS"), by limiter name. subscribeRepos is not
-// here: firehose.Admission has its own per-client bucket.
+// DefaultPolicies returns, by limiter name, the limits the reference PDS
+// (bluesky-social/atproto) applies when its rate limiting is on.
+// subscribeRepos is not here: the reference PDS does not limit it, and
+// firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
 	const fiveMin = 5 * time.Minute
 	return map[string][]Rule{

@@ -263,65 +263,121 @@ func startAttacks(ctx context.Context, wg *sync.WaitGroup, o options, p *plan, r
 	start("flood", func(ctx context.Context, r *recorder) { runFlood(ctx, p.base, o.floodConns, r) })
 	start("relays", func(ctx context.Context, r *recorder) { runRelays(ctx, p.base, o.relays, o.cursor, r) })
 	start("scrape", func(ctx context.Context, r *recorder) {
-		runScrapers(ctx, scrapeTargets(p.base, o.did, p.blobCIDs), p.sources, o.scrapers, o.honorRetryAfter, r)
+		var wait func(context.Context, time.Duration)
+		if o.honorRetryAfter {
+			wait = sleep
+		}
+		runScrapers(ctx, scrapeTargets(p.base, o.did, p.blobCIDs), p.sources, o.scrapers, wait, r)
 	})
 }
 
+// load runs the plan o asks for against the server and prints the
+// summary to stdout: the write baseline alone (--baseline), then every
+// scenario together for --duration, then the cooldown (--cooldown, with
+// --pid). It returns the attack child's error, if it had one.
 func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger) error {
 	p, err := parsePlan(o, logger)
 	if err != nil {
 		return err
 	}
-	base, want := p.base, p.want
-
-	var sampler *procSampler
+	r := &loadRun{o: o, p: p, logger: logger, idle: newRecorder("write (idle)")}
 	if o.pid > 0 {
-		sampler = newProcSampler(o.pid)
+		r.sampler = newProcSampler(o.pid)
 		if _, _, err := readProc(o.pid); err != nil {
 			return fmt.Errorf("--pid %d: %w", o.pid, err)
 		}
 		sctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go sampler.run(sctx)
+		go r.sampler.run(sctx)
 	}
-	setPhase := func(name string) {
-		logger.Info("phase", "name", name)
-		if sampler != nil {
-			sampler.setPhase(name)
-		}
-	}
-
-	var w *writer
-	idle := newRecorder("write (idle)")
-	if want["write"] {
-		w = &writer{
-			client:     &http.Client{Timeout: 30 * time.Second},
-			base:       base,
-			handle:     o.handle,
-			password:   o.password,
-			collection: o.collection,
-		}
-		if err := w.login(ctx); err != nil {
-			return fmt.Errorf("log in as %s: %w", o.handle, err)
-		}
-		logger.Info("logged in", "did", w.did)
-		if o.baseline > 0 {
-			setPhase("idle")
-			bctx, cancel := context.WithTimeout(ctx, o.baseline)
-			idle.begin()
-			w.run(bctx, o.interval, idle)
-			idle.finish()
-			cancel()
+	if p.want["write"] {
+		if err := r.baseline(ctx); err != nil {
+			return err
 		}
 	}
-
-	recs := map[string]*recorder{
+	r.recs = map[string]*recorder{
 		"flood":  newRecorder("flood"),
 		"relays": newRecorder("relays"),
 		"scrape": newRecorder("scrape"),
 		"write":  newRecorder("write (load)"),
 	}
-	setPhase("load")
+	res, err := r.loadPhase(ctx)
+	if err != nil {
+		return err
+	}
+	if r.sampler != nil && o.cooldown > 0 && !res.interrupted {
+		r.setPhase("cooldown")
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.cooldown):
+		}
+		r.sampler.sample()
+	}
+	r.print(stdout, res)
+	return res.childErr
+}
+
+// loadRun is one run of load: the plan, and where it records what the
+// server answered.
+type loadRun struct {
+	o       options
+	p       *plan
+	logger  *slog.Logger
+	sampler *procSampler // nil without --pid
+	w       *writer      // nil without the write scenario
+	idle    *recorder    // the writer alone, before the load
+	recs    map[string]*recorder
+}
+
+// loadResult is what the load phase leaves for the report.
+type loadResult struct {
+	selfUse     cpuUse        // this process's CPU during the load phase
+	split       bool          // the attacks ran in a child process
+	report      *attackReport // the child's, when it reported
+	childErr    error
+	interrupted bool
+}
+
+// setPhase logs the start of a phase and marks it in the sampler.
+func (r *loadRun) setPhase(name string) {
+	r.logger.Info("phase", "name", name)
+	if r.sampler != nil {
+		r.sampler.setPhase(name)
+	}
+}
+
+// baseline logs the writer in and, with --baseline, measures its writes
+// alone, before any load.
+func (r *loadRun) baseline(ctx context.Context) error {
+	o := r.o
+	r.w = &writer{
+		client:     &http.Client{Timeout: 30 * time.Second},
+		base:       r.p.base,
+		handle:     o.handle,
+		password:   o.password,
+		collection: o.collection,
+	}
+	if err := r.w.login(ctx); err != nil {
+		return fmt.Errorf("log in as %s: %w", o.handle, err)
+	}
+	r.logger.Info("logged in", "did", r.w.did)
+	if o.baseline > 0 {
+		r.setPhase("idle")
+		bctx, cancel := context.WithTimeout(ctx, o.baseline)
+		r.idle.begin()
+		r.w.run(bctx, o.interval, r.idle)
+		r.idle.finish()
+		cancel()
+	}
+	return nil
+}
+
+// loadPhase runs every wanted scenario for --duration, the attacks here
+// or in the --attack-nice child, and collects the child's report.
+func (r *loadRun) loadPhase(ctx context.Context) (loadResult, error) {
+	o, p, recs := r.o, r.p, r.recs
+	var res loadResult
+	r.setPhase("load")
 	selfCPU := cpuClock()
 	lctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
@@ -330,72 +386,69 @@ func load(ctx context.Context, o options, stdout io.Writer, logger *slog.Logger)
 	if attacks := p.attacks(); o.attack.set && len(attacks) > 0 {
 		// The child runs for --duration on its own clock; it is stopped
 		// early (with its report) only if this process is interrupted.
-		child, err = startAttackChild(ctx, o, attacks, logger)
+		var err error
+		child, err = startAttackChild(ctx, o, attacks, r.logger)
 		if err != nil {
-			return fmt.Errorf("start the attack process: %w", err)
+			return res, fmt.Errorf("start the attack process: %w", err)
 		}
 	} else {
 		startAttacks(lctx, &wg, o, p, recs)
 	}
-	if want["write"] {
+	if p.want["write"] {
 		rec := recs["write"]
 		rec.begin()
 		wg.Go(func() {
-			w.run(lctx, o.interval, rec)
+			r.w.run(lctx, o.interval, rec)
 			rec.finish()
 		})
 	}
-	go progress(lctx, logger, recs)
+	go progress(lctx, r.logger, recs)
 	wg.Wait()
-	var childErr error
-	var report *attackReport
 	if child != nil {
-		report, childErr = child.wait()
-		if childErr != nil {
-			logger.Error("attack process failed; its scenarios are missing from the report", "error", childErr)
+		res.split = true
+		res.report, res.childErr = child.wait()
+		if res.childErr != nil {
+			r.logger.Error("attack process failed; its scenarios are missing from the report", "error", res.childErr)
 		} else {
-			for _, rr := range report.Recorders {
-				if r := recs[rr.Key]; r != nil {
-					r.load(rr)
+			for _, rr := range res.report.Recorders {
+				if rec := recs[rr.Key]; rec != nil {
+					rec.load(rr)
 				}
 			}
 		}
 	}
-	selfUse := selfCPU.since()
-	interrupted := ctx.Err() != nil || (report != nil && report.Interrupted)
-	if sampler != nil {
-		sampler.sample() // the end of the load phase
+	res.selfUse = selfCPU.since()
+	res.interrupted = ctx.Err() != nil || (res.report != nil && res.report.Interrupted)
+	if r.sampler != nil {
+		r.sampler.sample() // the end of the load phase
 	}
+	return res, nil
+}
 
-	if sampler != nil && o.cooldown > 0 && !interrupted {
-		setPhase("cooldown")
-		select {
-		case <-ctx.Done():
-		case <-time.After(o.cooldown):
-		}
-		sampler.sample()
-	}
-
-	fmt.Fprintf(stdout, "bulwark-load against %s: %v of load", base, o.duration)
-	if interrupted {
+// print writes the summary: every scenario's outcomes, the server's CPU
+// and memory by phase (with --pid), what the load tool itself cost, and
+// how much slower writes were under load.
+func (r *loadRun) print(stdout io.Writer, res loadResult) {
+	o, recs := r.o, r.recs
+	fmt.Fprintf(stdout, "bulwark-load against %s: %v of load", r.p.base, o.duration)
+	if res.interrupted {
 		fmt.Fprint(stdout, " (interrupted)")
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(stdout)
-	printSummary(stdout, []*recorder{idle, recs["write"], recs["flood"], recs["relays"], recs["scrape"]})
-	if sampler != nil {
+	printSummary(stdout, []*recorder{r.idle, recs["write"], recs["flood"], recs["relays"], recs["scrape"]})
+	if r.sampler != nil {
 		fmt.Fprintln(stdout)
-		fmt.Fprint(stdout, sampler.summary())
+		fmt.Fprint(stdout, r.sampler.summary())
 	}
 	fmt.Fprintln(stdout)
-	printLoadToolCPU(stdout, selfUse, child != nil, report)
-	if want["write"] {
-		p99Idle, p99Load := idle.ok.quantile(0.99), recs["write"].ok.quantile(0.99)
+	printLoadToolCPU(stdout, res.selfUse, res.split, res.report)
+	if r.p.want["write"] {
+		p99Idle, p99Load := r.idle.ok.quantile(0.99), recs["write"].ok.quantile(0.99)
 		if p99Idle > 0 && p99Load > 0 {
 			fmt.Fprintf(stdout, "\nwrite p99 under load / idle: %.2fx (acceptance: <= 3x)\n", float64(p99Load)/float64(p99Idle))
 		}
 	}
-	return childErr
 }
 
 // progress logs the running counts every 10 seconds, so that a long run

@@ -91,6 +91,9 @@ func fakePDS(t *testing.T) *httptest.Server {
 // TestLoadSmoke runs every scenario briefly against the fake server and
 // checks that each recorded the outcomes the server gave.
 func TestLoadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario for a fixed time")
+	}
 	t.Parallel()
 	srv := fakePDS(t)
 	var out bytes.Buffer
@@ -170,6 +173,9 @@ func TestWSURL(t *testing.T) {
 // command) at nice 19 and report back; the summary has the same rows,
 // plus what each process cost.
 func TestLoadSmokeAttackChild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario for a fixed time, in a child process")
+	}
 	t.Parallel()
 	srv := fakePDS(t)
 	var out bytes.Buffer
@@ -292,28 +298,73 @@ func TestRetryDelay(t *testing.T) {
 	}
 }
 
-// TestHonorRetryAfter: refused scrapers that honour Retry-After (1 s here,
-// longer than the run) ask once each; abusive ones ask again at once.
+// TestHonorRetryAfter: a scraper refused with Retry-After: 1 asks once and
+// then waits at least a second (the wait is the test's, and lasts until
+// the run ends); an abusive one asks again at once, until the server ends
+// the run at its fifth request.
 func TestHonorRetryAfter(t *testing.T) {
 	t.Parallel()
-	var hits atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, `{"error":"ServiceOverloaded"}`, http.StatusServiceUnavailable)
-	}))
-	t.Cleanup(srv.Close)
-	targets := []string{srv.URL + "/xrpc/com.atproto.sync.getRepo?did=did:plc:x"}
-	run := func(honor bool) int {
-		rec := newRecorder("scrape")
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		runScrapers(ctx, targets, nil, 2, honor, rec)
-		return rec.count("503")
+	// refusing serves 503 with Retry-After: 1 and calls onHit with the
+	// number of each request.
+	refusing := func(onHit func(n int64)) []string {
+		var hits atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			onHit(hits.Add(1))
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, `{"error":"ServiceOverloaded"}`, http.StatusServiceUnavailable)
+		}))
+		t.Cleanup(srv.Close)
+		return []string{srv.URL + "/xrpc/com.atproto.sync.getRepo?did=did:plc:x"}
 	}
-	polite := run(true)
-	require.LessOrEqual(t, polite, 2, "one request per scraper, then a wait longer than the run")
-	require.Greater(t, run(false), 2)
+
+	t.Run("polite", func(t *testing.T) {
+		t.Parallel()
+		var hits atomic.Int64
+		targets := refusing(func(n int64) { hits.Store(n) })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		waits := make(chan time.Duration, 2)
+		rec := newRecorder("scrape")
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			runScrapers(ctx, targets, nil, 2, func(ctx context.Context, d time.Duration) {
+				waits <- d
+				<-ctx.Done()
+			}, rec)
+		}()
+		for range 2 {
+			select {
+			case d := <-waits:
+				require.GreaterOrEqual(t, d, time.Second)
+			case <-time.After(30 * time.Second):
+				t.Fatal("a scraper never waited")
+			}
+		}
+		// Both scrapers are waiting, each after its one request.
+		require.EqualValues(t, 2, hits.Load())
+		cancel()
+		<-finished
+		require.Equal(t, 2, rec.count("503"))
+	})
+
+	t.Run("abusive", func(t *testing.T) {
+		t.Parallel()
+		// The timeout only guards against a hang: the server ends the run.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		targets := refusing(func(n int64) {
+			if n == 5 {
+				cancel()
+			}
+		})
+		rec := newRecorder("scrape")
+		runScrapers(ctx, targets, nil, 2, nil, rec)
+		require.NotErrorIs(t, ctx.Err(), context.DeadlineExceeded, "the scrapers stopped asking")
+		// Of the first four answers, at most the one the other scraper was
+		// reading when the run ended is not recorded.
+		require.GreaterOrEqual(t, rec.count("503"), 3)
+	})
 }
 
 // TestSeed: a new account is created (logging in fails), and the records

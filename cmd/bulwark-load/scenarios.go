@@ -188,11 +188,11 @@ func scrapeTargets(base *url.URL, did string, blobCIDs []string) []string {
 
 // runScrapers is the scraper fleet: perSource concurrent GETs from each
 // source address (or from the default address when sources is empty),
-// cycling through targets, reading every body to the end. With
-// honorRetryAfter a scraper refused with 429 or 503 waits as its
-// Retry-After says (retryDelay) before its next request; without, it
-// asks again at once.
-func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, perSource int, honorRetryAfter bool, rec *recorder) {
+// cycling through targets, reading every body to the end. With a wait
+// (sleep, for --honor-retry-after) a scraper refused with 429 or 503
+// calls it with the delay its Retry-After asks for (retryDelay) before
+// its next request; with none, it asks again at once.
+func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, perSource int, wait func(context.Context, time.Duration), rec *recorder) {
 	if len(sources) == 0 {
 		sources = []netip.Addr{{}}
 	}
@@ -211,8 +211,8 @@ func runScrapers(ctx context.Context, targets []string, sources []netip.Addr, pe
 			wg.Go(func() {
 				for i := w; ctx.Err() == nil; i++ {
 					code, retryAfter := scrapeOnce(ctx, client, targets[i%len(targets)], rec)
-					if honorRetryAfter && (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) {
-						sleep(ctx, retryDelay(retryAfter, time.Now()))
+					if wait != nil && (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) {
+						wait(ctx, retryDelay(retryAfter, time.Now()))
 					}
 				}
 			})

@@ -21,6 +21,7 @@ import (
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // stopTimeout bounds closing the pool and stopping the managed Postgres
@@ -64,6 +65,8 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// serve runs the server configured by cfg until a signal, or until the
+// HTTP server, the managed Postgres or a background service fails.
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
@@ -93,57 +96,66 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
-	// Background services run beside the HTTP server: started once the
-	// database is migrated, stopped after the HTTP server has drained and
-	// before the pool closes. Add one as a line here (sequencer, firehose
-	// hub, crawl notifier, ...).
-	var services []service
-	sequencer, hub, firehoseServices := newFirehose(cfg, d.Pool, logger)
-	services = append(services, firehoseServices...)
-	protect, err := newProtection(cfg, d.Pool, sequencer, logger)
+	srv, services, err := newServer(ctx, cfg, d.Pool, logger)
 	if err != nil {
 		return err
 	}
-	services = append(services, protect.services...)
-	hub.UseBudget(protect.budget)
-
-	blobs, err := newBlobService(ctx, cfg, d.Pool, logger)
-	if err != nil {
-		return err
-	}
-	services = append(services, service{name: "blob collector", run: blobs.Run})
-	accounts, engine, err := newAccountStack(cfg, d.Pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
-	if err != nil {
-		return err
-	}
-	opts := pds.Options{Config: cfg, DB: d.Pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
-	if cfg.CARCache > 0 {
-		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
-	}
-	srv, err := pds.New(opts)
-	if err != nil {
-		return err
-	}
-	metrics.RegisterExportSlots(srv.ExportSlots())
-	hub.UsePriority(srv.Priority())
-	svcCtx, stopServices := context.WithCancel(context.Background())
-	defer stopServices()
-	svcErr := make(chan error, len(services))
-	var svcWG sync.WaitGroup
-	for _, svc := range services {
-		svcWG.Add(1)
-		go func() {
-			defer svcWG.Done()
-			if err := svc.run(svcCtx); err != nil && svcCtx.Err() == nil {
-				svcErr <- fmt.Errorf("%s: %w", svc.name, err)
-			}
-		}()
-	}
+	svcs := startServices(services)
+	defer svcs.cancel()
 	hs := srv.HTTPServer()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s (--listen): %w", cfg.Listen, err)
 	}
+	runErr := serveUntilStopped(ctx, stopSignals, cfg, hs, ln, d.Done(), svcs.errs, logger)
+	svcs.stop()
+	return runErr
+}
+
+// newServer builds the PDS on the migrated database, and the background
+// services that run beside its HTTP server: started once the database is
+// migrated, stopped after the HTTP server has drained and before the pool
+// closes. Add one as a line here (sequencer, firehose hub, crawl
+// notifier, ...).
+func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*pds.Server, []service, error) {
+	var services []service
+	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger)
+	services = append(services, firehoseServices...)
+	protect, err := newProtection(cfg, pool, sequencer, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	services = append(services, protect.services...)
+	hub.UseBudget(protect.budget)
+
+	blobs, err := newBlobService(ctx, cfg, pool, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	services = append(services, service{name: "blob collector", run: blobs.Run})
+	accounts, engine, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	if cfg.CARCache > 0 {
+		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
+	}
+	srv, err := pds.New(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	metrics.RegisterExportSlots(srv.ExportSlots())
+	hub.UsePriority(srv.Priority())
+	return srv, services, nil
+}
+
+// serveUntilStopped serves hs on ln until ctx ends (a signal), the HTTP
+// server fails, the managed Postgres exits (dbDone) or a service fails
+// (svcErr), then stops accepting and drains the requests in flight for up
+// to cfg.ShutdownTimeout. It returns what stopped the server, nil for a
+// signal.
+func serveUntilStopped(ctx context.Context, stopSignals context.CancelFunc, cfg *config.Config, hs *http.Server, ln net.Listener, dbDone <-chan struct{}, svcErr <-chan error, logger *slog.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	logger.Info("serving", "addr", ln.Addr().String(), "public_url", cfg.PublicURL(), "did", cfg.ServiceDID())
@@ -156,7 +168,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 	case err := <-serveErr:
 		served = true
 		runErr = fmt.Errorf("http server: %w", err)
-	case <-d.Done():
+	case <-dbDone:
 		runErr = errors.New("managed postgres exited unexpectedly; see <data-dir>/postgres/postgres.log")
 	case err := <-svcErr:
 		runErr = err
@@ -177,9 +189,37 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		}
 	}
 	logger.Info("http server stopped")
-	stopServices()
-	svcWG.Wait()
 	return runErr
+}
+
+// runningServices are the background services startServices started.
+type runningServices struct {
+	cancel context.CancelFunc // ends every service's context
+	wg     sync.WaitGroup
+	errs   chan error // a service that failed before cancel
+}
+
+// startServices runs each service in its own goroutine until cancel or
+// stop. An error a service returns before then is sent on errs.
+func startServices(services []service) *runningServices {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningServices{cancel: cancel, errs: make(chan error, len(services))}
+	for _, svc := range services {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := svc.run(ctx); err != nil && ctx.Err() == nil {
+				r.errs <- fmt.Errorf("%s: %w", svc.name, err)
+			}
+		}()
+	}
+	return r
+}
+
+// stop ends the services and waits for them to return.
+func (r *runningServices) stop() {
+	r.cancel()
+	r.wg.Wait()
 }
 
 // service is a long-running part of the server beside the HTTP listener.

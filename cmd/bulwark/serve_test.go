@@ -37,20 +37,22 @@ func startServe(t *testing.T, ctx context.Context, args []string) (string, <-cha
 	logs := &syncbuf.Buffer{}
 	go func() { done <- run(ctx, args, io.Discard, logs) }()
 	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
-	var addr string
-	require.Eventually(t, func() bool {
+	// Polled here, on the test's goroutine, so that t.Fatalf may stop it.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(waitLimit)
+	for {
 		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
-			addr = m[1]
-			return true
+			return m[1], done, logs
 		}
 		select {
 		case code := <-done:
 			t.Fatalf("serve exited with %d: %s", code, logs.String())
-		default:
+		case <-limit:
+			t.Fatalf("serve never logged its address: %s", logs.String())
+		case <-tick.C:
 		}
-		return false
-	}, waitLimit, 50*time.Millisecond)
-	return addr, done, logs
+	}
 }
 
 // waitLimit guards every wait below so that a broken server fails the test
@@ -170,7 +172,9 @@ func TestServeLifecycle(t *testing.T) {
 			_ = p.cmd.Wait()
 			close(p.done)
 		}()
-		deadline := time.Now().Add(waitLimit)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		limit := time.After(waitLimit)
 		for {
 			if d, ok := describe(base); ok {
 				require.Equal(t, "did:web:localhost%3A"+strconv.Itoa(port), d.DID, name)
@@ -179,13 +183,11 @@ func TestServeLifecycle(t *testing.T) {
 			select {
 			case <-p.done:
 				t.Fatalf("%s: bulwark exited (%v); logs:\n%s", name, p.cmd.ProcessState, p.logs.String())
-			default:
-			}
-			if time.Now().After(deadline) {
+			case <-limit:
 				_ = p.cmd.Process.Kill()
 				t.Fatalf("%s: describeServer never answered; logs:\n%s", name, p.logs.String())
+			case <-tick.C:
 			}
-			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	stop := func(name string, p *proc) {

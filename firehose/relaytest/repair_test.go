@@ -424,6 +424,9 @@ func TestStuckConsumerRepairedByAdmin(t *testing.T) {
 // Not parallel: the relay logs through slog.Default, which the test swaps
 // for a recorder while it runs.
 func TestIndigoRelayResumesAfterRewriteAsSync(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out indigo's relay redial back-off (tens of seconds)")
+	}
 	logs := recordDefaultLog(t)
 	ctx := context.Background()
 	bin := buildBulwark(t)
