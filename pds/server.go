@@ -532,8 +532,10 @@ func (s *Server) coolOff(rec *responseRecorder, r *http.Request) {
 	if wait <= 0 {
 		return
 	}
-	rec.Flush()
+	// Counted before the refusal is flushed, so that whoever reads the
+	// metric after seeing the 429 sees this hold counted.
 	metrics.RefusalCoolOffs.Inc()
+	rec.Flush()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
