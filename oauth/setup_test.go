@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -180,6 +181,10 @@ func (f *fixture) putDoc(path string, doc any) string {
 // and, when asked, checks one permission.
 func (f *fixture) serveResource(w http.ResponseWriter, r *http.Request) {
 	info, err := f.oauth.Authenticate(r)
+	if errors.Is(err, oauth.ErrNotOAuth) {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
 	if err != nil {
 		f.oauth.WriteAuthError(w, err)
 		return
