@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/bulwark-pds/bulwark/db"
 )
@@ -43,7 +44,7 @@ var errRequestGone = &pageError{status: http.StatusBadRequest, title: "This sign
 // client.
 func (s *Server) openRequest(ctx context.Context, requestURI, clientID string) (*authRequest, *client, *pageError) {
 	id, ok := strings.CutPrefix(requestURI, requestURIPrefix)
-	if !ok || len(id) > 128 || clientID == "" {
+	if !ok || !opaqueID(id) || clientID == "" || !printable(clientID) {
 		return nil, nil, &pageError{status: http.StatusBadRequest, title: "This sign-in link is incomplete",
 			message: "The app sent you here without the details this server needs. Go back to the app and try again."}
 	}
@@ -213,6 +214,9 @@ func (s *Server) login(ctx context.Context, r *http.Request) (Account, int, stri
 	}
 	if len(id) > maxIdentifierLen || len(pw) > maxPasswordLen {
 		return Account{}, http.StatusBadRequest, "That handle or password is too long.", nil
+	}
+	if !printable(id) || strings.ContainsRune(pw, 0) || !utf8.ValidString(pw) {
+		return Account{}, http.StatusBadRequest, "That handle or password contains characters that are not allowed.", nil
 	}
 	a, err := s.accounts.Login(ctx, id, pw)
 	switch {

@@ -18,6 +18,8 @@ import (
 	indigo "github.com/bluesky-social/indigo/atproto/auth/oauth"
 	"github.com/go-jose/go-jose/v4"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/bulwark-pds/bulwark/oauth/dpop"
 )
 
 // Client metadata fetching limits.
@@ -352,6 +354,13 @@ func (cc *clientCache) clientKeys(ctx context.Context, md *indigo.ClientMetadata
 	}
 	var keys []jose.JSONWebKey
 	for _, b := range raw.Keys {
+		var m map[string]any
+		if json.Unmarshal(b, &m) == nil {
+			dpop.PadJWKCoordinates(m)
+			if nb, err := json.Marshal(m); err == nil {
+				b = nb
+			}
+		}
 		var k jose.JSONWebKey
 		// Keys of kinds go-jose cannot read are skipped: a set may hold
 		// keys for other purposes.

@@ -139,8 +139,7 @@ func TestConfidentialClientFlow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := setup(t)
-	priv, err := atcrypto.GeneratePrivateKeyP256()
-	require.NoError(t, err)
+	priv := shortP256(t)
 	cfg := indigo.NewPublicConfig(f.srv.URL+"/client/conf.json", f.srv.URL+"/callback", []string{"atproto", "transition:generic"})
 	require.NoError(t, cfg.SetClientSecret(priv, "key-1"))
 	md := cfg.ClientMetadata()
@@ -175,6 +174,24 @@ func TestConfidentialClientFlow(t *testing.T) {
 	require.ErrorContains(t, err, "invalid_grant")
 	resp := rawResource(t, f, sess)
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
+// shortP256 returns a key whose JWK (as atcrypto writes it) has a
+// coordinate shorter than 32 bytes, which strict JWK parsers refuse.
+func shortP256(t *testing.T) *atcrypto.PrivateKeyP256 {
+	for range 5000 {
+		k, err := atcrypto.GeneratePrivateKeyP256()
+		require.NoError(t, err)
+		pub, err := k.PublicKey()
+		require.NoError(t, err)
+		jwk, err := pub.JWK()
+		require.NoError(t, err)
+		if len(jwk.X) < 43 || len(jwk.Y) < 43 {
+			return k
+		}
+	}
+	t.Fatal("no short key found")
+	return nil
 }
 
 func TestLocalhostDevelopmentClient(t *testing.T) {

@@ -229,9 +229,11 @@ func TestDenyAndStaleLinks(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, p.status)
 
 	// Nonsense links get a page, not a 500.
-	p = b.get(f.srv.URL + oauth.PathAuthorize + "?request_uri=nope")
-	require.Equal(t, http.StatusBadRequest, p.status)
-	checkPage(t, p)
+	for _, q := range []string{"request_uri=nope", "client_id=x&request_uri=urn:ietf:params:oauth:request_uri:req-%00", "client_id=%00&request_uri=urn:ietf:params:oauth:request_uri:req-x"} {
+		p = b.get(f.srv.URL + oauth.PathAuthorize + "?" + q)
+		require.Equal(t, http.StatusBadRequest, p.status, q)
+		checkPage(t, p)
+	}
 }
 
 func TestAccountPageListsAndRevokes(t *testing.T) {
@@ -259,12 +261,26 @@ func TestAccountPageListsAndRevokes(t *testing.T) {
 	require.Contains(t, p.body, `id="no-grants"`)
 	require.Equal(t, http.StatusUnauthorized, c.call(a.str("access_token"), c.key, "").StatusCode)
 
+	// A made-up grant id is no error page.
+	p = b.get(f.srv.URL + oauth.PathAccount)
+	bad := p.formFields(t, "signout-form")
+	bad.Set("action", "revoke")
+	bad.Set("grant", "grant-\x00")
+	require.Equal(t, http.StatusSeeOther, b.post(oauth.PathAccount, bad).status)
+
 	// Another browser sees a sign-in form, and cannot revoke alice's grants.
 	other := f.browser()
 	p = other.get(f.srv.URL + oauth.PathAccount)
 	checkPage(t, p)
 	require.Contains(t, p.body, `id="signin-form"`)
 	require.ErrorIs(t, f.oauth.RevokeGrant(t.Context(), bobDID, grants[0].ID), oauth.ErrGrantNotFound)
+
+	// Revoking everything of an account.
+	params = b.approve(b.get(c.authURL(c.parForm()))) // still signed in
+	a = c.exchange(params.Get("code"))
+	require.Equal(t, http.StatusOK, c.call(a.str("access_token"), c.key, "").StatusCode)
+	require.NoError(t, oauth.RevokeAllGrants(t.Context(), f.pool, aliceDID))
+	require.Equal(t, http.StatusUnauthorized, c.call(a.str("access_token"), c.key, "").StatusCode)
 
 	// Signing out forgets the account on this browser.
 	p = b.get(f.srv.URL + oauth.PathAccount)

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,8 +52,40 @@ func readForm(w http.ResponseWriter, r *http.Request) (url.Values, error) {
 		if len(v) > 1 {
 			return nil, invalidRequest("parameter %q appears more than once", k)
 		}
+		if !printable(v[0]) {
+			return nil, invalidRequest("parameter %q holds control characters or invalid UTF-8", k)
+		}
 	}
 	return r.PostForm, nil
+}
+
+// printable reports whether s is valid UTF-8 without control characters:
+// every parameter may end up stored, shown or echoed back.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// opaqueID reports whether s looks like an id this server made (random
+// base64url with a short prefix), before it goes near a query.
+func opaqueID(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // verifyDPoP checks the DPoP proof of a request to one of our endpoints.

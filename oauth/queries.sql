@@ -11,7 +11,8 @@ RETURNING id;
 -- name: DeviceAccounts
 SELECT did FROM oauth_device_accounts
 WHERE device_id = $1 AND expires_at > now()
-ORDER BY signed_in_at DESC;
+ORDER BY signed_in_at DESC
+LIMIT 20;
 
 -- name: UpsertDeviceAccount
 INSERT INTO oauth_device_accounts (device_id, did, expires_at) VALUES ($1, $2, $3)
@@ -125,3 +126,6 @@ DELETE FROM oauth_device_accounts WHERE expires_at <= now();
 
 -- name: DeleteExpiredDevices
 DELETE FROM oauth_devices WHERE expires_at <= now();
+
+-- name: DeleteGrantsOfDID
+DELETE FROM oauth_grants WHERE did = $1;

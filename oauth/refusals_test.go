@@ -52,6 +52,14 @@ func TestPARRefusals(t *testing.T) {
 		require.NotEmpty(t, a.header.Get("DPoP-Nonce"), tt.name)
 	}
 
+	// Control characters or broken UTF-8 never reach storage.
+	for _, bad := range []string{"a\x00b", "a\nb", "\xff"} {
+		form := c.parForm()
+		form.Set("state", bad)
+		a := c.post(oauth.PathPAR, form.Encode(), c.proof(oauth.PathPAR))
+		require.Equal(t, "invalid_request", a.str("error"), "%q", bad)
+	}
+
 	// A parameter sent twice.
 	form := c.parForm()
 	a := c.post(oauth.PathPAR, form.Encode()+"&state=again", c.proof(oauth.PathPAR))

@@ -107,10 +107,21 @@ var ErrGrantNotFound = errors.New("grant not found")
 // RevokeGrant ends one of the account's grants: its refresh token and
 // every access token issued under it stop working at once.
 func (s *Server) RevokeGrant(ctx context.Context, did syntax.DID, id string) error {
+	if !opaqueID(id) {
+		return ErrGrantNotFound
+	}
 	var got string
 	err := db.Translate(s.db.QueryRow(ctx, qDeleteGrantOfDID, id, string(did)).Scan(&got))
 	if errors.Is(err, db.ErrNotFound) {
 		return ErrGrantNotFound
 	}
 	return err
+}
+
+// RevokeAllGrants ends every grant of the account (for a takedown, a
+// password reset, or "sign out everywhere"). q may be the caller's
+// transaction.
+func RevokeAllGrants(ctx context.Context, q db.DBTX, did syntax.DID) error {
+	_, err := q.Exec(ctx, qDeleteGrantsOfDID, string(did))
+	return db.Translate(err)
 }

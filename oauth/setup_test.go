@@ -78,6 +78,7 @@ type fixture struct {
 	t        *testing.T
 	srv      *httptest.Server
 	oauth    *oauth.Server
+	pool     *pgxpool.Pool
 	accounts *testAccounts
 	dir      *identity.MockDirectory
 	mu       sync.Mutex
@@ -113,6 +114,7 @@ func setup(t *testing.T, opts ...fixtureOpts) *fixture {
 	s, err := oauth.New(cfg)
 	require.NoError(t, err)
 	f.oauth = s
+	f.pool = pool
 	s.Routes(mux)
 	mux.HandleFunc("GET /client/", f.serveDoc)
 	mux.HandleFunc("GET /callback", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })

@@ -41,6 +41,7 @@ var (
 	qSpentRefreshGrant   = queries.MustGet("SpentRefreshGrant")
 	qDeleteGrant         = queries.MustGet("DeleteGrant")
 	qDeleteGrantOfDID    = queries.MustGet("DeleteGrantOfDID")
+	qDeleteGrantsOfDID   = queries.MustGet("DeleteGrantsOfDID")
 	qDeleteGrantOfClient = queries.MustGet("DeleteGrantOfClient")
 	qGrantIDByRefresh    = queries.MustGet("GrantIDByRefresh")
 	qActiveGrant         = queries.MustGet("ActiveGrant")

@@ -2,8 +2,6 @@ package dpop
 
 import (
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
@@ -84,27 +82,9 @@ func (v *Verifier) Verify(proof string, req Request) (*Proof, error) {
 	if len(proof) > MaxProofLen {
 		return nil, fmt.Errorf("%w: proof longer than %d bytes", ErrInvalidProof, MaxProofLen)
 	}
-	jws, err := jose.ParseSignedCompact(proof, []jose.SignatureAlgorithm{jose.ES256})
+	key, payload, err := parseProof(proof)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidProof, err)
-	}
-	if len(jws.Signatures) != 1 {
-		return nil, fmt.Errorf("%w: want one signature", ErrInvalidProof)
-	}
-	hdr := jws.Signatures[0].Protected
-	if typ, _ := hdr.ExtraHeaders[jose.HeaderType].(string); typ != HeaderType {
-		return nil, fmt.Errorf("%w: typ must be %q", ErrInvalidProof, HeaderType)
-	}
-	key := hdr.JSONWebKey
-	if key == nil || !key.Valid() || !key.IsPublic() {
-		return nil, fmt.Errorf("%w: header needs a public jwk", ErrInvalidProof)
-	}
-	if pub, ok := key.Key.(*ecdsa.PublicKey); !ok || pub.Curve != elliptic.P256() {
-		return nil, fmt.Errorf("%w: jwk must be a P-256 key", ErrInvalidProof)
-	}
-	payload, err := jws.Verify(key)
-	if err != nil {
-		return nil, fmt.Errorf("%w: signature: %v", ErrInvalidProof, err)
 	}
 	var c claims
 	if err := json.Unmarshal(payload, &c); err != nil {
@@ -114,7 +94,7 @@ func (v *Verifier) Verify(proof string, req Request) (*Proof, error) {
 	if err != nil {
 		return nil, err
 	}
-	jkt, err := Thumbprint(key)
+	jkt, err := Thumbprint(&jose.JSONWebKey{Key: key})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidProof, err)
 	}

@@ -1,6 +1,12 @@
 package dpop_test
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -181,4 +187,38 @@ func TestNormalizeHTU(t *testing.T) {
 		_, err := dpop.NormalizeHTU(bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// shortKey finds a key whose x or y has a leading zero byte, which
+// indigo's client writes without it.
+func shortKey(t *testing.T) *ecdsa.PrivateKey {
+	for range 5000 {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		if len(k.X.Bytes()) < 32 || len(k.Y.Bytes()) < 32 {
+			return k
+		}
+	}
+	t.Fatal("no short key found")
+	return nil
+}
+
+func TestProofWithShortCoordinates(t *testing.T) {
+	t.Parallel()
+	v, clk := newVerifier(0)
+	k := shortKey(t)
+	b64 := base64.RawURLEncoding.EncodeToString
+	hdr, _ := json.Marshal(map[string]any{"typ": "dpop+jwt", "alg": "ES256", "jwk": map[string]string{
+		"kty": "EC", "crv": "P-256", "x": b64(k.X.Bytes()), "y": b64(k.Y.Bytes())}})
+	body, _ := json.Marshal(map[string]any{"jti": "j", "htm": "POST", "htu": target, "iat": clk.Now().Unix(), "nonce": v.Nonce()})
+	input := b64(hdr) + "." + b64(body)
+	sum := sha256.Sum256([]byte(input))
+	r, s, err := ecdsa.Sign(rand.Reader, k, sum[:])
+	require.NoError(t, err)
+	sig := make([]byte, 64)
+	r.FillBytes(sig[:32])
+	s.FillBytes(sig[32:])
+	p, err := v.Verify(input+"."+b64(sig), dpop.Request{Method: "POST", URL: target})
+	require.NoError(t, err)
+	require.Equal(t, (&dpoptest.Key{Private: k}).JKT(), p.JKT, "the thumbprint is of the padded key")
 }
