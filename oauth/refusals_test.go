@@ -287,3 +287,17 @@ func TestRevocationEndpoint(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, c.call(a.str("access_token"), c.key, "").StatusCode)
 	require.Equal(t, "invalid_grant", c.refresh(a.str("refresh_token")).str("error"))
 }
+
+func TestRefreshNeedsDeclaredGrantType(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c := f.rawClient("norefresh", "atproto")
+	cfg := indigo.NewPublicConfig(c.clientID, c.redirect, []string{"atproto"})
+	md := cfg.ClientMetadata()
+	md.GrantTypes = []string{"authorization_code"}
+	f.putDoc("/client/norefresh.json", md)
+	a := c.tokens()
+	r := c.refresh(a.str("refresh_token"))
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Equal(t, "unauthorized_client", r.str("error"))
+}

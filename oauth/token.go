@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -197,6 +198,9 @@ func (s *Server) refresh(ctx context.Context, form url.Values, clientID string, 
 	c, err := s.clients.get(ctx, clientID)
 	if err != nil {
 		return nil, err
+	}
+	if !slices.Contains(c.Metadata.GrantTypes, "refresh_token") {
+		return nil, oauthErr(http.StatusBadRequest, CodeUnauthorized, "the client's metadata does not declare the refresh_token grant")
 	}
 	var res *TokenResponse
 	var revoke string
