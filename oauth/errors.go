@@ -23,11 +23,10 @@ const (
 	CodeUseDPoPNonce     = "use_dpop_nonce"
 	CodeInvalidToken     = "invalid_token"
 	CodeServerError      = "server_error"
-	CodeTemporarily      = "temporarily_unavailable"
 	CodeRequestNotSupp   = "request_not_supported"
-	CodeInvalidClientMD  = "invalid_client_metadata"
-	CodeInvalidRedirect  = "invalid_redirect_uri"
-	CodeInsufficientPerm = "insufficient_scope"
+	// CodeInsufficientScope is for the integrator: a token lacks the
+	// permission a method needs (RFC 6750, 403).
+	CodeInsufficientScope = "insufficient_scope"
 )
 
 // Error is an OAuth error response: an HTTP status, a code from the list

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -300,5 +299,3 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) {
 // DPoPNonce is the current DPoP nonce. Resource-server responses to DPoP
 // requests should carry it in a DPoP-Nonce header (WriteAuthError does).
 func (s *Server) DPoPNonce() string { return s.dpop.Nonce() }
-
-func trimSlash(s string) string { return strings.TrimSuffix(s, "/") }
