@@ -1,0 +1,346 @@
+package oauth
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/bulwark-pds/bulwark/db"
+)
+
+// Sign-in form limits.
+const (
+	maxIdentifierLen = 512
+	maxPasswordLen   = 1024
+)
+
+// pageError is a problem shown to a person as a page.
+type pageError struct {
+	status         int
+	title, message string
+	cause          error
+}
+
+func (s *Server) showPageError(w http.ResponseWriter, e *pageError) {
+	if e.status >= 500 {
+		s.log.Error("authorization page failed", "err", e.cause)
+	}
+	s.errorPage(w, e.status, e.title, e.message)
+}
+
+func internalPageError(err error) *pageError {
+	return &pageError{status: http.StatusInternalServerError, title: "Something went wrong on our side",
+		message: "The server could not finish this step. Try again in a moment.", cause: err}
+}
+
+var errRequestGone = &pageError{status: http.StatusBadRequest, title: "This sign-in link can't be used",
+	message: "It has expired, was already used, or was opened in another browser. Go back to the app and start signing in again."}
+
+// openRequest loads the authorization request a page is about and its
+// client.
+func (s *Server) openRequest(ctx context.Context, requestURI, clientID string) (*authRequest, *client, *pageError) {
+	id, ok := strings.CutPrefix(requestURI, requestURIPrefix)
+	if !ok || !opaqueID(id) || clientID == "" || !printable(clientID) {
+		return nil, nil, &pageError{status: http.StatusBadRequest, title: "This sign-in link is incomplete",
+			message: "The app sent you here without the details this server needs. Go back to the app and try again."}
+	}
+	req, err := getRequest(ctx, s.db, id)
+	if errors.Is(err, db.ErrNotFound) {
+		return nil, nil, errRequestGone
+	}
+	if err != nil {
+		return nil, nil, internalPageError(err)
+	}
+	if req.ClientID != clientID || req.Approved {
+		return nil, nil, errRequestGone
+	}
+	c, err := s.clients.get(ctx, clientID)
+	if err != nil {
+		if errIsClient(err) {
+			return nil, nil, &pageError{status: http.StatusBadRequest, title: "This app could not be verified",
+				message: "The server could not load the app's published details, so it cannot continue. Try again later.", cause: err}
+		}
+		return nil, nil, internalPageError(err)
+	}
+	return req, c, nil
+}
+
+// flow is one step of an authorization in a browser.
+type flow struct {
+	w   http.ResponseWriter
+	r   *http.Request
+	d   *device
+	req *authRequest
+	c   *client
+}
+
+func (f *flow) data(s *Server, title string) *pageData {
+	return &pageData{
+		Title: title, CSRF: s.csrfToken(f.d),
+		RequestURI: requestURIPrefix + f.req.ID, ClientID: f.c.ID, ClientName: s.clientName(f.c),
+	}
+}
+
+// page renders a step of the flow; its forms may lead to the client's
+// redirect URI (cancel, deny, approve), so the CSP allows that origin.
+func (s *Server) page(f *flow, status int, name string, d *pageData) {
+	s.render(f.w, status, name, d, redirectSource(f.req.Params.RedirectURI))
+}
+
+func (s *Server) handleAuthorizeGet(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	q := r.URL.Query()
+	req, c, perr := s.openRequest(ctx, q.Get("request_uri"), q.Get("client_id"))
+	if perr != nil {
+		s.showPageError(w, perr)
+		return
+	}
+	d, err := s.ensureDevice(ctx, w, r)
+	if err != nil {
+		s.showPageError(w, internalPageError(err))
+		return
+	}
+	err = execOne(ctx, s.db, qBindRequest, req.ID, d.ID, s.cfg.Now().Add(InteractionTTL))
+	if errors.Is(err, db.ErrNotFound) {
+		s.showPageError(w, errRequestGone)
+		return
+	}
+	if err != nil {
+		s.showPageError(w, internalPageError(err))
+		return
+	}
+	s.nextStep(&flow{w: w, r: r, d: d, req: req, c: c})
+}
+
+// nextStep shows what the person must do next: sign in, choose among the
+// accounts signed in on this browser, or approve.
+func (s *Server) nextStep(f *flow) {
+	accounts, err := s.signedIn(f.r.Context(), f.d)
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	hint := f.req.Params.LoginHint
+	var candidates []Account
+	for _, a := range accounts {
+		if matchesHint(a, hint) {
+			candidates = append(candidates, a)
+		}
+	}
+	switch {
+	case len(candidates) == 0 || f.req.Params.Prompt == "login":
+		s.signInPage(f, http.StatusOK, "")
+	case len(candidates) > 1 || f.req.Params.Prompt == "select_account":
+		d := f.data(s, "Choose an account")
+		d.Accounts = candidates
+		s.page(f, http.StatusOK, "choose", d)
+	default:
+		s.consentPage(f, candidates[0])
+	}
+}
+
+func (s *Server) signInPage(f *flow, status int, msg string) {
+	d := f.data(s, "Sign in")
+	d.Error = msg
+	d.Identifier = strings.TrimPrefix(f.req.Params.LoginHint, "@")
+	if id := f.r.PostFormValue("identifier"); id != "" && len(id) <= maxIdentifierLen {
+		d.Identifier = id
+	}
+	s.page(f, status, "signin", d)
+}
+
+func (s *Server) consentPage(f *flow, a Account) {
+	d := f.data(s, "Allow access?")
+	d.Account = a
+	d.Permissions = DescribeScope(f.req.Params.Scope)
+	d.Switch = f.req.Params.LoginHint == ""
+	s.page(f, http.StatusOK, "consent", d)
+}
+
+var errFormExpired = &pageError{status: http.StatusForbidden, title: "This form has expired",
+	message: "For your safety the form could not be accepted (it may be old, or sent from another site). Go back to the app and start again."}
+
+func (s *Server) handleAuthorizePost(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
+		return
+	}
+	d, ok, err := s.checkCSRF(ctx, r)
+	if err != nil {
+		s.showPageError(w, internalPageError(err))
+		return
+	}
+	if !ok {
+		s.showPageError(w, errFormExpired)
+		return
+	}
+	req, c, perr := s.openRequest(ctx, r.PostFormValue("request_uri"), r.PostFormValue("client_id"))
+	if perr != nil {
+		s.showPageError(w, perr)
+		return
+	}
+	if !bytes.Equal(req.DeviceID, d.ID) {
+		s.showPageError(w, errRequestGone)
+		return
+	}
+	f := &flow{w: w, r: r, d: d, req: req, c: c}
+	switch r.PostFormValue("action") {
+	case "signin":
+		s.postSignIn(f)
+	case "select":
+		s.postSelect(f)
+	case "another":
+		s.signInPage(f, http.StatusOK, "")
+	case "approve":
+		s.postApprove(f)
+	case "deny":
+		s.postDeny(f)
+	default:
+		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
+	}
+}
+
+// login runs Accounts.Login and turns its refusals into words.
+func (s *Server) login(ctx context.Context, r *http.Request) (Account, int, string, error) {
+	id, pw := strings.TrimSpace(r.PostFormValue("identifier")), r.PostFormValue("password")
+	if id == "" || pw == "" {
+		return Account{}, http.StatusBadRequest, "Enter your handle or email and your password.", nil
+	}
+	if len(id) > maxIdentifierLen || len(pw) > maxPasswordLen {
+		return Account{}, http.StatusBadRequest, "That handle or password is too long.", nil
+	}
+	if !printable(id) || strings.ContainsRune(pw, 0) || !utf8.ValidString(pw) {
+		return Account{}, http.StatusBadRequest, "That handle or password contains characters that are not allowed.", nil
+	}
+	a, err := s.accounts.Login(ctx, id, pw)
+	switch {
+	case err == nil:
+		return a, http.StatusOK, "", nil
+	case errors.Is(err, ErrLoginFailed):
+		return Account{}, http.StatusUnauthorized, "Wrong handle, email or password.", nil
+	case errors.Is(err, ErrRateLimited):
+		return Account{}, http.StatusTooManyRequests, "Too many sign-in attempts. Wait a few minutes, then try again.", nil
+	case errors.Is(err, ErrAccountUnavailable):
+		return Account{}, http.StatusForbidden, "This account cannot be used to sign in to apps.", nil
+	}
+	return Account{}, 0, "", err
+}
+
+func (s *Server) postSignIn(f *flow) {
+	ctx := f.r.Context()
+	a, status, msg, err := s.login(ctx, f.r)
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	if msg != "" {
+		s.signInPage(f, status, msg)
+		return
+	}
+	if !matchesHint(a, f.req.Params.LoginHint) {
+		s.signInPage(f, http.StatusForbidden, "The app asked you to sign in as "+f.req.Params.LoginHint+". Sign in with that account.")
+		return
+	}
+	if err := s.signInDevice(ctx, f.d, a.DID); err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	s.consentPage(f, a)
+}
+
+// chosenAccount is the signed-in account the form names, if it may be
+// used for this request.
+func (s *Server) chosenAccount(f *flow) (Account, bool, error) {
+	accounts, err := s.signedIn(f.r.Context(), f.d)
+	if err != nil {
+		return Account{}, false, err
+	}
+	a, ok := findAccount(accounts, f.r.PostFormValue("did"))
+	return a, ok && matchesHint(a, f.req.Params.LoginHint), nil
+}
+
+func (s *Server) postSelect(f *flow) {
+	a, ok, err := s.chosenAccount(f)
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	if !ok {
+		s.signInPage(f, http.StatusUnauthorized, "That account is no longer signed in here. Sign in again.")
+		return
+	}
+	s.consentPage(f, a)
+}
+
+func (s *Server) postApprove(f *flow) {
+	ctx := f.r.Context()
+	a, ok, err := s.chosenAccount(f)
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	if !ok {
+		s.signInPage(f, http.StatusUnauthorized, "That account is no longer signed in here. Sign in again.")
+		return
+	}
+	code := "cod-" + randomToken(32)
+	err = execOne(ctx, s.db, qApproveRequest, f.req.ID, f.d.ID, string(a.DID), hashSecret(code), s.cfg.Now().Add(CodeTTL))
+	if errors.Is(err, db.ErrNotFound) {
+		s.showPageError(f.w, errRequestGone)
+		return
+	}
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	s.log.Info("authorization approved", "did", a.DID, "client", f.c.ID)
+	s.redirectToClient(f, url.Values{"code": {code}})
+}
+
+func (s *Server) postDeny(f *flow) {
+	err := execOne(f.r.Context(), s.db, qDeleteRequest, f.req.ID, f.d.ID)
+	if errors.Is(err, db.ErrNotFound) {
+		s.showPageError(f.w, errRequestGone)
+		return
+	}
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	s.redirectToClient(f, url.Values{"error": {CodeAccessDenied}, "error_description": {"The user did not allow access"}})
+}
+
+// redirectToClient sends the browser back to the client with the result,
+// the state and our issuer (RFC 9207), in the query or the fragment.
+func (s *Server) redirectToClient(f *flow, vals url.Values) {
+	vals.Set("state", f.req.Params.State)
+	vals.Set("iss", s.cfg.Issuer)
+	u, err := url.Parse(f.req.Params.RedirectURI)
+	if err != nil {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	var target string
+	if f.req.Params.ResponseMode == "fragment" {
+		u.Fragment = ""
+		target = u.String() + "#" + vals.Encode()
+	} else {
+		q := u.Query()
+		for k, v := range vals {
+			q[k] = v
+		}
+		u.RawQuery = q.Encode()
+		target = u.String()
+	}
+	h := f.w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Location", target)
+	f.w.WriteHeader(http.StatusSeeOther)
+}

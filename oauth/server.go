@@ -1,0 +1,301 @@
+package oauth
+
+import (
+	"context"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/oauth/dpop"
+)
+
+// Lifetimes, as the atproto OAuth profile recommends them.
+const (
+	// DefaultAccessTTL: the profile asks for under 30 minutes; access tokens
+	// are also checked against their grant on every use (see Authenticate),
+	// so a revoked grant stops working at once.
+	DefaultAccessTTL = 15 * time.Minute
+	// DefaultPublicSessionTTL bounds a public client's whole session (and
+	// so each of its refresh tokens): 2 weeks in the profile.
+	DefaultPublicSessionTTL = 14 * 24 * time.Hour
+	// DefaultConfidentialRefreshTTL is a confidential client's refresh
+	// token lifetime: 180 days; its session has no overall limit.
+	DefaultConfidentialRefreshTTL = 180 * 24 * time.Hour
+	// RequestTTL is how long a pushed request waits for the browser.
+	RequestTTL = 5 * time.Minute
+	// InteractionTTL is how long an opened request stays valid while the
+	// person signs in and decides.
+	InteractionTTL = 15 * time.Minute
+	// CodeTTL is how long an authorization code may wait for the token
+	// request.
+	CodeTTL = time.Minute
+	// DefaultDeviceTTL is how long a browser is remembered, and
+	// DefaultSignInTTL how long an account stays signed in on it.
+	DefaultDeviceTTL = 365 * 24 * time.Hour
+	DefaultSignInTTL = 30 * 24 * time.Hour
+)
+
+// Endpoint paths under the issuer.
+const (
+	PathASMetadata = "/.well-known/oauth-authorization-server"
+	PathRSMetadata = "/.well-known/oauth-protected-resource"
+	PathPAR        = "/oauth/par"
+	PathAuthorize  = "/oauth/authorize"
+	PathToken      = "/oauth/token"
+	PathRevoke     = "/oauth/revoke"
+	PathAccount    = "/oauth/account"
+	PathStyle      = "/oauth/static/style.css"
+)
+
+// Config configures a Server. Fields marked required must be set; the
+// zero value of every other field works.
+type Config struct {
+	// Issuer is the server's public base URL, e.g. https://pds.example.com
+	// (the PDS URL: this server is both authorization and resource
+	// server). No path. http is accepted for local development; browser
+	// cookies then lose the Secure flag. Required.
+	Issuer string
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+	// Accounts signs people in and looks accounts up. Required.
+	Accounts Accounts
+	// Secret (at least 32 bytes) keys access tokens (HS256), DPoP nonces
+	// and CSRF tokens, each through its own HKDF-derived key, so passing
+	// the server's session-token secret is fine. Every node behind one
+	// issuer needs the same value. Required.
+	Secret []byte
+	// HTTPClient fetches client metadata documents and JWKS. Pass the
+	// SSRF-guarded outbound client (public unicast addresses only, bounded
+	// time); this package adds its own size limit and time bound and
+	// refuses redirects. nil means a plain client with a 10 s timeout,
+	// which guards nothing: for tests only.
+	HTTPClient *http.Client
+	// AllowPrivateClientIDs accepts https client_ids that name an IP
+	// address, carry a port, or use a local name (localhost, *.local, ...).
+	// For tests and development only.
+	AllowPrivateClientIDs bool
+	// DisableLocalhostClients refuses the http://localhost development
+	// clients the profile describes (allowed by default, as the profile
+	// encourages).
+	DisableLocalhostClients bool
+	// TrustedClients are client_ids whose self-declared name may be shown
+	// on the consent page; for others only the client_id is shown.
+	TrustedClients []string
+	// ServerName is shown in page titles; empty means the issuer's host.
+	ServerName string
+	// AccessTTL is the access-token lifetime; zero means DefaultAccessTTL.
+	AccessTTL time.Duration
+	// PublicSessionTTL bounds a public client's session; zero means
+	// DefaultPublicSessionTTL.
+	PublicSessionTTL time.Duration
+	// ConfidentialRefreshTTL is a confidential client's refresh-token
+	// lifetime; zero means DefaultConfidentialRefreshTTL.
+	ConfidentialRefreshTTL time.Duration
+	// ClientCacheTTL is how long a fetched client metadata document is
+	// used; zero means DefaultClientCacheTTL.
+	ClientCacheTTL time.Duration
+	// SignInTTL is how long an account stays signed in on a browser; zero
+	// means DefaultSignInTTL.
+	SignInTTL time.Duration
+	// DPoP tunes proof checking (nonce rotation, iat window, replay
+	// memory); its Secret and Now are filled in from this Config.
+	DPoP dpop.Config
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for tokens and proofs; nil means time.Now.
+	Now func() time.Time
+}
+
+// Account is what the pages and tokens need to know about an account.
+type Account struct {
+	DID syntax.DID
+	// Handle may be empty (shown as the DID).
+	Handle string
+}
+
+// Accounts is implemented by the integrator over its account store.
+type Accounts interface {
+	// Login checks an identifier (handle, email or DID) and the account's
+	// own password (never an app password) and returns the account. Wrong
+	// credentials: an error wrapping ErrLoginFailed; too many attempts: one
+	// wrapping ErrRateLimited (rate limits are the implementation's job);
+	// an account that may not sign in (taken down): ErrAccountUnavailable.
+	Login(ctx context.Context, identifier, password string) (Account, error)
+	// Get returns an account that may use OAuth, or an error wrapping
+	// ErrAccountUnavailable when it is gone or may not (taken down).
+	Get(ctx context.Context, did syntax.DID) (Account, error)
+}
+
+// Errors an Accounts implementation returns.
+var (
+	// ErrLoginFailed means the identifier or password is wrong.
+	ErrLoginFailed = errors.New("invalid identifier or password")
+	// ErrRateLimited means too many sign-in attempts.
+	ErrRateLimited = errors.New("too many attempts")
+	// ErrAccountUnavailable means the account does not exist or may not
+	// use OAuth.
+	ErrAccountUnavailable = errors.New("account unavailable")
+)
+
+// Server is the OAuth authorization server and resource-server verifier.
+type Server struct {
+	cfg      Config
+	db       *pgxpool.Pool
+	accounts Accounts
+	dpop     *dpop.Verifier
+	clients  *clientCache
+	tokenKey []byte
+	csrfKey  []byte
+	secure   bool // cookies get the Secure flag (https issuer)
+	log      *slog.Logger
+	pages    *pages
+}
+
+// New returns a Server.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Pool == nil || cfg.Accounts == nil:
+		return nil, errors.New("oauth: Pool and Accounts are required")
+	case len(cfg.Secret) < 32:
+		return nil, errors.New("oauth: Secret must be at least 32 bytes")
+	}
+	iss, err := url.Parse(cfg.Issuer)
+	if err != nil || (iss.Scheme != "https" && iss.Scheme != "http") || iss.Host == "" ||
+		iss.User != nil || (iss.Path != "" && iss.Path != "/") || iss.RawQuery != "" || iss.Fragment != "" {
+		return nil, fmt.Errorf("oauth: Issuer %q must be a bare http(s) origin", cfg.Issuer)
+	}
+	cfg.Issuer = iss.Scheme + "://" + iss.Host
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.AccessTTL <= 0 {
+		cfg.AccessTTL = DefaultAccessTTL
+	}
+	if cfg.PublicSessionTTL <= 0 {
+		cfg.PublicSessionTTL = DefaultPublicSessionTTL
+	}
+	if cfg.ConfidentialRefreshTTL <= 0 {
+		cfg.ConfidentialRefreshTTL = DefaultConfidentialRefreshTTL
+	}
+	if cfg.SignInTTL <= 0 {
+		cfg.SignInTTL = DefaultSignInTTL
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = iss.Host
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	dcfg := cfg.DPoP
+	dcfg.Secret = derive(cfg.Secret, "bulwark oauth dpop nonce")
+	dcfg.Now = cfg.Now
+	pg, err := newPages()
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg:      cfg,
+		db:       cfg.Pool,
+		accounts: cfg.Accounts,
+		dpop:     dpop.NewVerifier(dcfg),
+		clients:  newClientCache(&cfg),
+		tokenKey: derive(cfg.Secret, "bulwark oauth access token"),
+		csrfKey:  derive(cfg.Secret, "bulwark oauth csrf"),
+		secure:   iss.Scheme == "https",
+		log:      cfg.Logger.With("component", "oauth"),
+		pages:    pg,
+	}, nil
+}
+
+// derive makes a 32-byte key for one purpose from the shared secret.
+func derive(secret []byte, label string) []byte {
+	k, err := hkdf.Key(sha256.New, secret, nil, label, 32)
+	if err != nil {
+		panic("oauth: hkdf: " + err.Error()) // only for absurd lengths
+	}
+	return k
+}
+
+// Issuer is the server's issuer URL.
+func (s *Server) Issuer() string { return s.cfg.Issuer }
+
+func (s *Server) endpoint(path string) string { return s.cfg.Issuer + path }
+
+// Routes registers every endpoint on mux: the two metadata documents,
+// PAR, authorize (the sign-in and consent pages), token, revoke, the
+// account page and the pages' stylesheet.
+func (s *Server) Routes(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+PathASMetadata, s.cors(s.handleASMetadata))
+	mux.HandleFunc("GET "+PathRSMetadata, s.cors(s.handleRSMetadata))
+	mux.HandleFunc("POST "+PathPAR, s.cors(s.handlePAR))
+	mux.HandleFunc("POST "+PathToken, s.cors(s.handleToken))
+	mux.HandleFunc("POST "+PathRevoke, s.cors(s.handleRevoke))
+	for _, p := range []string{PathASMetadata, PathRSMetadata, PathPAR, PathToken, PathRevoke} {
+		mux.HandleFunc("OPTIONS "+p, s.cors(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+		}))
+	}
+	mux.HandleFunc("GET "+PathAuthorize, s.handleAuthorizeGet)
+	mux.HandleFunc("POST "+PathAuthorize, s.handleAuthorizePost)
+	mux.HandleFunc("GET "+PathAccount, s.handleAccountGet)
+	mux.HandleFunc("POST "+PathAccount, s.handleAccountPost)
+	mux.HandleFunc("GET "+PathStyle, s.handleStyle)
+}
+
+// Handler is a mux serving only Routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	s.Routes(mux)
+	return mux
+}
+
+// cors lets browser apps call the JSON endpoints: they carry no cookies,
+// so any origin may.
+func (s *Server) cors(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Access-Control-Allow-Origin", "*")
+		if r.Method == http.MethodOptions {
+			hd.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+			hd.Set("Access-Control-Allow-Headers", "Content-Type, Authorization, DPoP")
+			hd.Set("Access-Control-Max-Age", "600")
+		}
+		hd.Set("Access-Control-Expose-Headers", "DPoP-Nonce, WWW-Authenticate")
+		h(w, r)
+	}
+}
+
+// Run deletes expired state every interval (5 minutes when zero) until
+// ctx ends.
+func (s *Server) Run(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = 5 * time.Minute
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("cleanup failed", "err", err)
+			}
+		}
+	}
+}
+
+// DPoPNonce is the current DPoP nonce. Resource-server responses to DPoP
+// requests should carry it in a DPoP-Nonce header (WriteAuthError does).
+func (s *Server) DPoPNonce() string { return s.dpop.Nonce() }
