@@ -26,6 +26,7 @@ require (
 	github.com/bluesky-social/indigo v0.0.0-20260605210604-af2fec94f34c // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
+	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/decred/dcrd/dcrec/secp256k1/v4 v4.2.0 // indirect
 	github.com/did-method-plc/go-didplc v0.0.0-20251009212921-7b7a252b8019 // indirect
 	github.com/earthboundkid/versioninfo/v2 v2.24.1 // indirect
