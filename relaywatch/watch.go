@@ -274,6 +274,10 @@ func (w *Watch) CheckNow(ctx context.Context) []Report {
 		wg.Go(func() { obs[i] = w.query(ctx, r.url) })
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		// Shutting down: the failures say nothing of the relays.
+		return w.Snapshot()
+	}
 	// Our head is read after the relays answered, so that nothing a relay
 	// reports can be newer than it.
 	head := w.readHead(ctx)

@@ -408,6 +408,17 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, int64(3), *reports[0].Seq)
 }
 
+// A check cut short by shutdown judges nothing.
+func TestCanceledCheckJudgesNothing(t *testing.T) {
+	f := newFakeRelay(t)
+	e := newEnv(t, relaywatch.Config{}, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	reports := e.w.CheckNow(ctx)
+	require.Equal(t, relaywatch.StatePending, reports[0].State)
+	require.Empty(t, e.logs.at(slog.LevelWarn, ""))
+}
+
 // Run checks at once and then on every tick, until its context ends.
 func TestRun(t *testing.T) {
 	f := newFakeRelay(t)
