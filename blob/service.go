@@ -234,12 +234,12 @@ func (s *Service) Upload(ctx context.Context, did syntax.DID, r io.Reader) (*Blo
 func (s *Service) Open(ctx context.Context, did syntax.DID, c cid.Cid) (*Blob, io.ReadSeekCloser, error) {
 	b := &Blob{CID: c}
 	var key string
-	err := s.pool.QueryRow(ctx, qGetBlob, did.String(), c.String()).Scan(&b.MimeType, &b.Size, &key)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(s.pool.QueryRow(ctx, qGetBlob, did.String(), c.String()).Scan(&b.MimeType, &b.Size, &key))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, nil, fmt.Errorf("%w: %s of %s", ErrBlobNotFound, c, did)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading blob: %w", db.Translate(err))
+		return nil, nil, fmt.Errorf("reading blob: %w", err)
 	}
 	rc, err := s.store.Open(ctx, key)
 	if errors.Is(err, ErrObjectNotFound) {
@@ -255,7 +255,7 @@ func (s *Service) Open(ctx context.Context, did syntax.DID, c cid.Cid) (*Blob, i
 // DeleteAccountTx implements account.Cleaner: inside the account deletion's
 // transaction it drops the account's references and marks all its blobs
 // expired, so the next collection deletes them.
-func (s *Service) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+func (s *Service) DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DID) error {
 	for _, q := range []string{qDeleteAccountRefs, qExpireAccountBlobs} {
 		if _, err := tx.Exec(ctx, q, did.String()); err != nil {
 			return fmt.Errorf("releasing the account's blobs: %w", db.Translate(err))
@@ -481,12 +481,12 @@ func (s *Service) collect(ctx context.Context, did, key string, cutoff time.Time
 			return db.Translate(err)
 		}
 		var storageKey string
-		err := tx.QueryRow(ctx, qDeleteExpiredBlob, did, key, cutoff).Scan(&storageKey)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := db.Translate(tx.QueryRow(ctx, qDeleteExpiredBlob, did, key, cutoff).Scan(&storageKey))
+		if errors.Is(err, db.ErrNotFound) {
 			return nil // referenced or re-uploaded meanwhile
 		}
 		if err != nil {
-			return db.Translate(err)
+			return err
 		}
 		var inUse bool
 		if err := tx.QueryRow(ctx, qObjectInUse, key).Scan(&inUse); err != nil {

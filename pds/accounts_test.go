@@ -19,11 +19,11 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/db"
 )
 
 func TestAccountsAndSessions(t *testing.T) {
@@ -481,7 +481,7 @@ type recordingCleaner struct {
 	fail bool
 }
 
-func (c *recordingCleaner) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+func (c *recordingCleaner) DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DID) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fail {

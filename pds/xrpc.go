@@ -16,7 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bulwark-pds/bulwark/db"
 )
 
 // XRPCError is an error answered to the client as the XRPC error body
@@ -196,14 +197,6 @@ func xrpcErrorFor(err error) *XRPCError {
 	}
 }
 
-// Postgres's SQLSTATEs for a string it cannot store: a NUL character or
-// bytes that are not UTF-8 in a text column (22021), a \u0000 in a jsonb
-// one (22P05).
-const (
-	codeCharacterNotInRepertoire = "22021"
-	codeUntranslatableCharacter  = "22P05"
-)
-
 // textErrorFor maps Postgres's refusal of a string to InvalidRequest; nil
 // for anything else. The strings the server stores come from requests, and
 // JSON may carry a NUL ("\u0000") in any field a handler does not parse
@@ -212,8 +205,7 @@ const (
 // so its transaction wrote nothing. (Query parameters are checked earlier,
 // by params, with the parameter's name.)
 func textErrorFor(err error) *XRPCError {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == codeCharacterNotInRepertoire || pgErr.Code == codeUntranslatableCharacter) {
+	if errors.Is(db.Translate(err), db.ErrInvalidText) {
 		return InvalidRequest("the request holds text that cannot be stored: a NUL character (\\u0000) or invalid UTF-8")
 	}
 	return nil
