@@ -3,7 +3,6 @@ package pds
 import (
 	"crypto/sha256"
 	"crypto/subtle"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -216,41 +215,4 @@ func (s *Server) isAdminRequest(r *http.Request) bool {
 		return false
 	}
 	return s.requireAdmin(r) == nil
-}
-
-// accountErrorFor maps account, repo and plc sentinels to XRPC errors; nil
-// for anything else. xrpcErrorFor calls it.
-func accountErrorFor(err error) *XRPCError {
-	msg := err.Error()
-	switch {
-	case errors.Is(err, account.ErrExpiredToken):
-		return tokenExpired(msg)
-	case errors.Is(err, account.ErrInvalidToken):
-		return tokenInvalid(msg)
-	case errors.Is(err, account.ErrAccountDeactivated):
-		return newError(http.StatusUnauthorized, "AccountDeactivated", "%s", msg)
-	case errors.Is(err, account.ErrAccountTakendown):
-		return newError(http.StatusUnauthorized, "AccountTakedown", "%s", msg)
-	case errors.Is(err, account.ErrAuthFailed):
-		return newError(http.StatusUnauthorized, "AuthenticationRequired", "%s", msg)
-	case errors.Is(err, account.ErrInvalidHandle):
-		return newError(http.StatusBadRequest, "InvalidHandle", "%s", msg)
-	case errors.Is(err, account.ErrUnsupportedDomain):
-		return newError(http.StatusBadRequest, "UnsupportedDomain", "%s", msg)
-	case errors.Is(err, account.ErrHandleNotAvailable):
-		return newError(http.StatusBadRequest, "HandleNotAvailable", "%s", msg)
-	case errors.Is(err, account.ErrInvalidPassword):
-		return newError(http.StatusBadRequest, "InvalidPassword", "%s", msg)
-	case errors.Is(err, account.ErrInvalidInviteCode):
-		return newError(http.StatusBadRequest, "InvalidInviteCode", "%s", msg)
-	case errors.Is(err, account.ErrInvalidEmail), errors.Is(err, account.ErrEmailTaken),
-		errors.Is(err, account.ErrUnsupportedDID), errors.Is(err, account.ErrAppPasswordExists),
-		errors.Is(err, account.ErrInvalidAppPassword):
-		return InvalidRequest("%s", msg)
-	case errors.Is(err, account.ErrAppPasswordNotFound):
-		return newError(http.StatusBadRequest, "InvalidRequest", "%s", msg)
-	case errors.Is(err, account.ErrAccountNotFound):
-		return newError(http.StatusBadRequest, "AccountNotFound", "%s", msg)
-	}
-	return repoErrorFor(err)
 }

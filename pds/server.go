@@ -1,8 +1,8 @@
 // Package pds is Bulwark's HTTP layer: XRPC routing, errors, middleware and
 // the handlers, one file per lexicon group. Handlers parse input into
-// syntax types, call a domain package (repo, firehose, ...), and map its
-// errors to XRPC errors in one place (xrpcErrorFor). Nothing here is
-// domain logic.
+// syntax types, call a domain package (account, repo, blob, ...), and map
+// its errors to XRPC errors in one place (domainErrors in errors.go).
+// Nothing here is domain logic, and nothing here runs SQL.
 //
 // Adding an XRPC method is one line in Server.routes plus a handler in its
 // own file:

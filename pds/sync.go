@@ -19,7 +19,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/bulwark-pds/bulwark/account"
-	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/priority"
@@ -650,18 +649,4 @@ func (s *Server) registerSyncRoutes() {
 	s.query("com.atproto.sync.getBlob", s.handleGetBlob, longRunning())
 	s.procedure("com.atproto.repo.uploadBlob", s.handleUploadBlob, withMaxBody(s.blobs.MaxBytes()), longRunning())
 	s.query("com.atproto.repo.listMissingBlobs", s.handleListMissingBlobs)
-}
-
-// blobErrorFor maps the blob service's sentinels to XRPC errors; nil for
-// anything else.
-func blobErrorFor(err error) *XRPCError {
-	switch {
-	case errors.Is(err, blob.ErrBlobNotFound):
-		return BlobNotFound("%s", err.Error())
-	case errors.Is(err, blob.ErrTooLarge):
-		return PayloadTooLarge("%s", err.Error())
-	case errors.Is(err, blob.ErrUploadRead):
-		return InvalidRequest("the upload did not arrive whole: %v", err)
-	}
-	return nil
 }
