@@ -108,6 +108,11 @@ type Service struct {
 	cfg   Config
 	log   *slog.Logger
 	now   func() time.Time
+	// tick, when set (tests), replaces Run's GCInterval ticker.
+	tick <-chan time.Time
+	// passes, when set (tests), is told how many blobs each of Run's
+	// collection passes deleted.
+	passes chan<- int
 }
 
 var _ repo.BlobTracker = (*Service)(nil)
@@ -411,8 +416,12 @@ func (s *Service) ListMissing(ctx context.Context, did syntax.DID, cursor string
 // run it at once: each deletion is its own transaction under the CID's
 // lock.
 func (s *Service) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.GCInterval)
-	defer t.Stop()
+	tick := s.tick
+	if tick == nil {
+		t := time.NewTicker(s.cfg.GCInterval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		n, err := s.Collect(ctx)
 		switch {
@@ -423,10 +432,17 @@ func (s *Service) Run(ctx context.Context) error {
 		case n > 0:
 			s.log.Info("expired blobs deleted", "count", n)
 		}
+		if s.passes != nil {
+			select {
+			case s.passes <- n:
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-tick:
 		}
 	}
 }
