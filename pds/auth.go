@@ -15,7 +15,9 @@ import (
 // Token errors are 400s named ExpiredToken / InvalidToken, as the reference
 // PDS answers them (InvalidRequestError with those names); @atproto/api
 // refreshes its session on a 400 ExpiredToken or any 401. The constructors
-// ExpiredToken/InvalidToken in xrpc.go (401) are for other callers.
+// ExpiredToken/InvalidToken in errors.go (401) are for other callers; the
+// error table (domainErrors) answers the account package's token errors
+// the same way.
 func tokenExpired(msg string) *XRPCError {
 	return newError(http.StatusBadRequest, "ExpiredToken", "%s", msg)
 }
