@@ -154,7 +154,8 @@ func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, er
 	return &newAccount{handle: handle, email: email, invite: invite}, nil
 }
 
-// storeNew writes a new account inside tx: its row, the invite's use, the
+// storeNew writes a new account inside tx (a pgx.Tx: the repository
+// engine makes the genesis commit in it): its row, the invite's use, the
 // genesis commit, the #identity, #account and #sync events, and a session.
 func (s *Service) storeNew(ctx context.Context, tx pgx.Tx, did syntax.DID, na *newAccount) (*repo.Head, *Session, error) {
 	if _, err := tx.Exec(ctx, qInsertAccount, did.String(), na.handle.String(), na.email, na.pwHash, na.sealed); err != nil {

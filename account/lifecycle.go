@@ -110,7 +110,7 @@ func (s *Service) setStatus(ctx context.Context, did syntax.DID, next func(Statu
 }
 
 // storeStatus stores did's new status and appends its events inside tx.
-func (s *Service) storeStatus(ctx context.Context, tx pgx.Tx, did syntax.DID, handle syntax.Handle, to Status) error {
+func (s *Service) storeStatus(ctx context.Context, tx db.DBTX, did syntax.DID, handle syntax.Handle, to Status) error {
 	if _, err := tx.Exec(ctx, qSetStatus, did.String(), string(to)); err != nil {
 		return db.Translate(err)
 	}
