@@ -41,11 +41,11 @@ func (s *Service) GetMany(ctx context.Context, dids []syntax.DID) ([]*Account, e
 // InvitedBy returns the invite code did's account was created with, or "".
 func (s *Service) InvitedBy(ctx context.Context, did syntax.DID) (string, error) {
 	var code string
-	err := s.pool.QueryRow(ctx, qInviteUsedBy, did.String()).Scan(&code)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(s.pool.QueryRow(ctx, qInviteUsedBy, did.String()).Scan(&code))
+	if errors.Is(err, db.ErrNotFound) {
 		return "", nil
 	}
-	return code, db.Translate(err)
+	return code, err
 }
 
 // SetPassword replaces did's password and ends all its sessions (a reset
@@ -94,8 +94,10 @@ func (s *Service) SetEmail(ctx context.Context, did syntax.DID, email string, op
 	})
 }
 
-// SetInvitesDisabled turns did's ability to make invite codes off or on.
-func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabled bool, opts ...WriteOption) error {
+// SetInvitesDisabled turns did's ability to make invite codes off or on
+// and, when note is not nil, stores the administrator's note on its
+// invites.
+func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabled bool, note *string, opts ...WriteOption) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, qSetInvitesDisabled, did.String(), disabled)
 		if err != nil {
@@ -103,6 +105,11 @@ func (s *Service) SetInvitesDisabled(ctx context.Context, did syntax.DID, disabl
 		}
 		if tag.RowsAffected() == 0 {
 			return ErrAccountNotFound
+		}
+		if note != nil {
+			if _, err := tx.Exec(ctx, qSetInviteNote, did.String(), *note); err != nil {
+				return db.Translate(err)
+			}
 		}
 		return runAlso(ctx, tx, opts)
 	})
@@ -167,4 +174,93 @@ func scanInviteCodes(rows pgx.Rows) ([]InviteCode, error) {
 		return nil
 	})
 	return out, db.Translate(err)
+}
+
+// AdminDetails is what the admin account view shows beyond the Account.
+type AdminDetails struct {
+	// InvitedBy is the code the account was created with, or nil.
+	InvitedBy *InviteCode
+	// Invites are the codes made for the account, newest first.
+	Invites    []InviteCode
+	InviteNote string
+}
+
+// AdminDetails returns the invite details of dids in four queries however
+// many there are (getAccountInfos takes hundreds). Unknown DIDs get an
+// empty entry.
+func (s *Service) AdminDetails(ctx context.Context, dids []syntax.DID) (map[syntax.DID]*AdminDetails, error) {
+	raw := make([]string, len(dids))
+	out := make(map[syntax.DID]*AdminDetails, len(dids))
+	for i, d := range dids {
+		raw[i] = d.String()
+		out[d] = &AdminDetails{}
+	}
+	var did, note, code string
+	rows, err := s.pool.Query(ctx, qInviteNotes, raw)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&did, &note}, func() error {
+		if d := out[syntax.DID(did)]; d != nil {
+			d.InviteNote = note
+		}
+		return nil
+	}); err != nil {
+		return nil, db.Translate(err)
+	}
+
+	rows, err = s.pool.Query(ctx, qInviteCodesFor, raw)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	made, err := scanInviteCodes(rows)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range made {
+		if d := out[syntax.DID(c.ForAccount)]; d != nil {
+			d.Invites = append(d.Invites, c)
+		}
+	}
+
+	rows, err = s.pool.Query(ctx, qInvitesUsedBy, raw)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	usedBy := map[string][]syntax.DID{}
+	if _, err := pgx.ForEachRow(rows, []any{&did, &code}, func() error {
+		usedBy[code] = append(usedBy[code], syntax.DID(did))
+		return nil
+	}); err != nil {
+		return nil, db.Translate(err)
+	}
+	if len(usedBy) == 0 {
+		return out, nil
+	}
+	codes := make([]string, 0, len(usedBy))
+	for c := range usedBy {
+		codes = append(codes, c)
+	}
+	rows, err = s.pool.Query(ctx, qInviteCodesByCode, codes)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	used, err := scanInviteCodes(rows)
+	if err != nil {
+		return nil, err
+	}
+	for i := range used {
+		for _, d := range usedBy[used[i].Code] {
+			if det := out[d]; det != nil {
+				det.InvitedBy = &used[i]
+			}
+		}
+	}
+	return out, nil
+}
+
+// ListInviteCodesByUsage is ListInviteCodes ordered by how often each code
+// was used, most first.
+func (s *Service) ListInviteCodesByUsage(ctx context.Context, cursor string, limit int) ([]InviteCode, string, error) {
+	return s.listInviteCodes(ctx, qListInviteCodesByUsage, cursor, limit)
 }

@@ -92,12 +92,12 @@ func (s *Service) findAppPassword(ctx context.Context, did syntax.DID, pw string
 		return nil, err
 	}
 	var info AppPasswordInfo
-	err = s.pool.QueryRow(ctx, qFindAppPassword, did.String(), h).Scan(&info.Name, &info.Privileged)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err = db.Translate(s.pool.QueryRow(ctx, qFindAppPassword, did.String(), h).Scan(&info.Name, &info.Privileged))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("looking up app password: %w", db.Translate(err))
+		return nil, fmt.Errorf("looking up app password: %w", err)
 	}
 	return &info, nil
 }

@@ -97,14 +97,14 @@ func (s *Service) CreateInviteCodes(ctx context.Context, count, useCount int, fo
 
 // useInvite spends one use of code for did, inside the account's creation
 // transaction.
-func useInvite(ctx context.Context, tx pgx.Tx, code string, did syntax.DID) error {
+func useInvite(ctx context.Context, tx db.DBTX, code string, did syntax.DID) error {
 	var forAccount string
-	err := tx.QueryRow(ctx, qUseInviteCode, code).Scan(&forAccount)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(tx.QueryRow(ctx, qUseInviteCode, code).Scan(&forAccount))
+	if errors.Is(err, db.ErrNotFound) {
 		return ruleErr(ErrInvalidInviteCode, "invite code %q is not valid or has no uses left", code)
 	}
 	if err != nil {
-		return db.Translate(err)
+		return err
 	}
 	_, err = tx.Exec(ctx, qInsertInviteUse, code, did.String())
 	return db.Translate(err)

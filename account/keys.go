@@ -13,7 +13,6 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
@@ -82,12 +81,12 @@ func (k *KeyStore) SigningKey(ctx context.Context, did syntax.DID) (atcrypto.Pri
 		return key, nil
 	}
 	var blob []byte
-	err := k.pool.QueryRow(ctx, qGetSigningKey, did.String()).Scan(&blob)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(k.pool.QueryRow(ctx, qGetSigningKey, did.String()).Scan(&blob))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, fmt.Errorf("%w: no account %s", repo.ErrRepoNotFound, did)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading signing key: %w", db.Translate(err))
+		return nil, fmt.Errorf("reading signing key: %w", err)
 	}
 	key, err = k.open(did, blob)
 	if err != nil {

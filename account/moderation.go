@@ -10,15 +10,16 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
 )
 
 // Moderation state for administrators (com.atproto.admin.*): takedowns of
-// records and blobs, the refs of account takedowns, invite notes, and the
-// admin view of invites. Kept apart from queries.sql so the admin surface
-// reads as one piece.
+// accounts, records and blobs, invite notes, and the admin view of
+// invites. Kept apart from queries.sql so the admin surface reads as one
+// piece. Every administrator's change is recorded in the audit log inside
+// the transaction making it, so the log never disagrees with the state.
 
 //go:embed moderation.sql
 var moderationSQL string
@@ -37,16 +38,8 @@ var (
 	qListInviteCodesByUsage = moderationQueries.MustGet("ListInviteCodesByUsage")
 )
 
-// Querier is what the moderation functions need: a pgx.Tx (to change state
-// together with an audit entry) or the pool.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // TxFunc is work done inside the transaction of an account change.
-type TxFunc func(ctx context.Context, tx pgx.Tx) error
+type TxFunc func(ctx context.Context, tx db.DBTX) error
 
 // WriteOption adjusts an account change (SetStatus, UpdateHandle, Delete,
 // SetPassword, SetEmail, SetInvitesDisabled, DisableInviteCodes).
@@ -58,13 +51,19 @@ type writeOptions struct {
 
 // Also runs fn inside the change's transaction, after the change, even
 // when the change turned out to be a no-op; an error from fn rolls the
-// change back. Admin handlers write their audit entry this way, so the
-// audit log and the change commit or fail together.
+// change back.
 func Also(fn TxFunc) WriteOption {
 	return func(o *writeOptions) { o.also = append(o.also, fn) }
 }
 
-func runAlso(ctx context.Context, tx pgx.Tx, opts []WriteOption) error {
+// Audited records e in the audit log inside the change's transaction (as
+// Also does), so the entry and the change commit or fail together. Admin
+// methods record their writes this way.
+func Audited(e *audit.Entry) WriteOption {
+	return Also(func(ctx context.Context, tx db.DBTX) error { return audit.Record(ctx, tx, e) })
+}
+
+func runAlso(ctx context.Context, tx db.DBTX, opts []WriteOption) error {
 	var o writeOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -107,48 +106,161 @@ func RecordSubject(collection syntax.NSID, rkey syntax.RecordKey) string {
 	return collection.String() + "/" + rkey.String()
 }
 
-// PutTakedown records t, replacing the CID and ref of an existing takedown
-// of the same subject (so repeating a takedown is harmless). The account
+// StatusAttr is one status an administrator sets on a subject: applied or
+// reversed, with their reference. Its JSON is the lexicon's
+// com.atproto.admin.defs#statusAttr, which is how audit entries show it.
+type StatusAttr struct {
+	Applied bool    `json:"applied"`
+	Ref     *string `json:"ref,omitempty"`
+}
+
+// RefString is the reference, or "".
+func (a *StatusAttr) RefString() string {
+	if a == nil || a.Ref == nil {
+		return ""
+	}
+	return *a.Ref
+}
+
+// statusAttr is a StatusAttr whose ref is kept only while it applies.
+func statusAttr(applied bool, ref string) *StatusAttr {
+	a := &StatusAttr{Applied: applied}
+	if applied && ref != "" {
+		a.Ref = &ref
+	}
+	return a
+}
+
+// Moderation is an administrator's change to an account's status
+// (com.atproto.admin.updateSubjectStatus naming an account). A nil field
+// leaves that status alone.
+type Moderation struct {
+	// Takedown takes the account down, ending its sessions, or reverses a
+	// takedown.
+	Takedown *StatusAttr
+	// Deactivated deactivates the account or reactivates it. It changes
+	// nothing while the account is taken down.
+	Deactivated *StatusAttr
+}
+
+// next is the status an account in status from moves to. Reversing a
+// takedown of an account that is not taken down changes nothing (it must
+// not reactivate a deactivated account).
+func (m Moderation) next(from Status) Status {
+	to := from
+	if m.Takedown != nil {
+		if m.Takedown.Applied {
+			to = StatusTakendown
+		} else if to == StatusTakendown {
+			to = StatusActive
+		}
+	}
+	if m.Deactivated != nil && to != StatusTakendown {
+		if m.Deactivated.Applied {
+			to = StatusDeactivated
+		} else if to == StatusDeactivated {
+			to = StatusActive
+		}
+	}
+	return to
+}
+
+// ModerateAccount applies m to did's account in one transaction: the
+// status change and its events (as SetStatus), the takedown's ref, the end
+// of the account's sessions on a takedown (so that reversing it does not
+// revive them), and the audit entry e, whose Before and After it fills in
+// with the status before and after and the settings applied. With nothing
+// to change it does nothing, not even look the account up.
+func (s *Service) ModerateAccount(ctx context.Context, did syntax.DID, m Moderation, e *audit.Entry) error {
+	if m.Takedown == nil && m.Deactivated == nil {
+		return nil
+	}
+	return s.setStatus(ctx, did, m.next, func(ctx context.Context, tx db.DBTX, from, to Status) error {
+		if t := m.Takedown; t != nil {
+			if err := applyAccountTakedown(ctx, tx, did, t); err != nil {
+				return err
+			}
+		}
+		e.Before = map[string]any{"status": from}
+		after := map[string]any{"status": to}
+		if m.Takedown != nil {
+			after["takedown"] = m.Takedown
+		}
+		if m.Deactivated != nil {
+			after["deactivated"] = m.Deactivated
+		}
+		e.After = after
+		return audit.Record(ctx, tx, e)
+	}, nil)
+}
+
+// applyAccountTakedown keeps (or drops) the ref of did's takedown; applying
+// one ends every session of did.
+func applyAccountTakedown(ctx context.Context, tx db.DBTX, did syntax.DID, t *StatusAttr) error {
+	if !t.Applied {
+		_, err := removeTakedown(ctx, tx, did, TakedownAccount, "")
+		return err
+	}
+	if err := putTakedown(ctx, tx, &Takedown{DID: did, Kind: TakedownAccount, Ref: t.RefString()}); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, qDeleteAllSessions, did.String())
+	return db.Translate(err)
+}
+
+// SetTakedown takes a record or a blob down (applied, with t's CID and ref)
+// or reverses its takedown, and records the change in the audit log as e,
+// whose Before and After it fills in with the takedown's state, in one
+// transaction. Repeating a takedown replaces its CID and ref. The account
 // must exist.
-func PutTakedown(ctx context.Context, q Querier, t *Takedown) error {
-	if _, err := q.Exec(ctx, qPutTakedown, t.DID.String(), string(t.Kind), t.Subject, t.CID, t.Ref); err != nil {
-		return fmt.Errorf("recording takedown: %w", db.Translate(err))
-	}
-	return nil
+func (s *Service) SetTakedown(ctx context.Context, t *Takedown, applied bool, e *audit.Entry) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		before, err := getTakedown(ctx, tx, t.DID, t.Kind, t.Subject)
+		if err != nil {
+			return err
+		}
+		if applied {
+			err = putTakedown(ctx, tx, t)
+		} else {
+			_, err = removeTakedown(ctx, tx, t.DID, t.Kind, t.Subject)
+		}
+		if err != nil {
+			return err
+		}
+		e.Before = map[string]any{"takedown": statusAttr(before != nil, before.refOrEmpty())}
+		e.After = map[string]any{"takedown": statusAttr(applied, t.Ref)}
+		return audit.Record(ctx, tx, e)
+	})
 }
 
-// RemoveTakedown reverses a takedown and reports whether there was one.
-func RemoveTakedown(ctx context.Context, q Querier, did syntax.DID, kind TakedownKind, subject string) (bool, error) {
-	tag, err := q.Exec(ctx, qDeleteTakedown, did.String(), string(kind), subject)
-	if err != nil {
-		return false, fmt.Errorf("reversing takedown: %w", db.Translate(err))
+func (t *Takedown) refOrEmpty() string {
+	if t == nil {
+		return ""
 	}
-	return tag.RowsAffected() > 0, nil
+	return t.Ref
 }
 
-// GetTakedown returns the takedown of a subject, or nil when there is none.
-func GetTakedown(ctx context.Context, q Querier, did syntax.DID, kind TakedownKind, subject string) (*Takedown, error) {
-	t := &Takedown{DID: did, Kind: kind, Subject: subject}
-	err := q.QueryRow(ctx, qGetTakedown, did.String(), string(kind), subject).Scan(&t.CID, &t.Ref, &t.CreatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading takedown: %w", db.Translate(err))
-	}
-	return t, nil
+// Takedown returns the takedown of a subject, or nil when there is none.
+func (s *Service) Takedown(ctx context.Context, did syntax.DID, kind TakedownKind, subject string) (*Takedown, error) {
+	return getTakedown(ctx, s.pool, did, kind, subject)
 }
 
 // RecordTakendown reports whether an administrator took the record down.
-func RecordTakendown(ctx context.Context, q Querier, did syntax.DID, collection syntax.NSID, rkey syntax.RecordKey) (bool, error) {
-	t, err := GetTakedown(ctx, q, did, TakedownRecord, RecordSubject(collection, rkey))
+func (s *Service) RecordTakendown(ctx context.Context, did syntax.DID, collection syntax.NSID, rkey syntax.RecordKey) (bool, error) {
+	t, err := getTakedown(ctx, s.pool, did, TakedownRecord, RecordSubject(collection, rkey))
+	return t != nil, err
+}
+
+// BlobTakendown reports whether an administrator took the blob down.
+func (s *Service) BlobTakendown(ctx context.Context, did syntax.DID, cid string) (bool, error) {
+	t, err := getTakedown(ctx, s.pool, did, TakedownBlob, cid)
 	return t != nil, err
 }
 
 // TakendownRecordKeys returns the record keys of collection that an
 // administrator took down (usually none).
-func TakendownRecordKeys(ctx context.Context, q Querier, did syntax.DID, collection syntax.NSID) (map[string]bool, error) {
-	rows, err := q.Query(ctx, qTakendownRecordKeys, did.String(), collection.String())
+func (s *Service) TakendownRecordKeys(ctx context.Context, did syntax.DID, collection syntax.NSID) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, qTakendownRecordKeys, did.String(), collection.String())
 	if err != nil {
 		return nil, fmt.Errorf("reading takedowns: %w", db.Translate(err))
 	}
@@ -167,116 +279,33 @@ func TakendownRecordKeys(ctx context.Context, q Querier, did syntax.DID, collect
 	return out, nil
 }
 
-// BlobTakendown reports whether an administrator took the blob down.
-func BlobTakendown(ctx context.Context, q Querier, did syntax.DID, cid string) (bool, error) {
-	t, err := GetTakedown(ctx, q, did, TakedownBlob, cid)
-	return t != nil, err
-}
-
-// EndSessions ends every session of did, as a takedown does: reversing the
-// takedown must not bring back sessions someone may have abused.
-func EndSessions(ctx context.Context, q Querier, did syntax.DID) error {
-	_, err := q.Exec(ctx, qDeleteAllSessions, did.String())
-	return db.Translate(err)
-}
-
-// SetInviteNote stores the administrator's note on did's invites.
-func SetInviteNote(ctx context.Context, q Querier, did syntax.DID, note string) error {
-	tag, err := q.Exec(ctx, qSetInviteNote, did.String(), note)
-	if err != nil {
-		return db.Translate(err)
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrAccountNotFound
+// putTakedown records t, replacing the CID and ref of an existing takedown
+// of the same subject.
+func putTakedown(ctx context.Context, q db.DBTX, t *Takedown) error {
+	if _, err := q.Exec(ctx, qPutTakedown, t.DID.String(), string(t.Kind), t.Subject, t.CID, t.Ref); err != nil {
+		return fmt.Errorf("recording takedown: %w", db.Translate(err))
 	}
 	return nil
 }
 
-// AdminDetails is what the admin account view shows beyond the Account.
-type AdminDetails struct {
-	// InvitedBy is the code the account was created with, or nil.
-	InvitedBy *InviteCode
-	// Invites are the codes made for the account, newest first.
-	Invites    []InviteCode
-	InviteNote string
+// removeTakedown reverses a takedown and reports whether there was one.
+func removeTakedown(ctx context.Context, q db.DBTX, did syntax.DID, kind TakedownKind, subject string) (bool, error) {
+	tag, err := q.Exec(ctx, qDeleteTakedown, did.String(), string(kind), subject)
+	if err != nil {
+		return false, fmt.Errorf("reversing takedown: %w", db.Translate(err))
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
-// AdminDetails returns the invite details of dids in four queries however
-// many there are (getAccountInfos takes hundreds). Unknown DIDs get an
-// empty entry.
-func (s *Service) AdminDetails(ctx context.Context, dids []syntax.DID) (map[syntax.DID]*AdminDetails, error) {
-	raw := make([]string, len(dids))
-	out := make(map[syntax.DID]*AdminDetails, len(dids))
-	for i, d := range dids {
-		raw[i] = d.String()
-		out[d] = &AdminDetails{}
+// getTakedown returns the takedown of a subject, or nil when there is none.
+func getTakedown(ctx context.Context, q db.DBTX, did syntax.DID, kind TakedownKind, subject string) (*Takedown, error) {
+	t := &Takedown{DID: did, Kind: kind, Subject: subject}
+	err := db.Translate(q.QueryRow(ctx, qGetTakedown, did.String(), string(kind), subject).Scan(&t.CID, &t.Ref, &t.CreatedAt))
+	if errors.Is(err, db.ErrNotFound) {
+		return nil, nil
 	}
-	var did, note, code string
-	rows, err := s.pool.Query(ctx, qInviteNotes, raw)
 	if err != nil {
-		return nil, db.Translate(err)
+		return nil, fmt.Errorf("reading takedown: %w", err)
 	}
-	if _, err := pgx.ForEachRow(rows, []any{&did, &note}, func() error {
-		if d := out[syntax.DID(did)]; d != nil {
-			d.InviteNote = note
-		}
-		return nil
-	}); err != nil {
-		return nil, db.Translate(err)
-	}
-
-	rows, err = s.pool.Query(ctx, qInviteCodesFor, raw)
-	if err != nil {
-		return nil, db.Translate(err)
-	}
-	made, err := scanInviteCodes(rows)
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range made {
-		if d := out[syntax.DID(c.ForAccount)]; d != nil {
-			d.Invites = append(d.Invites, c)
-		}
-	}
-
-	rows, err = s.pool.Query(ctx, qInvitesUsedBy, raw)
-	if err != nil {
-		return nil, db.Translate(err)
-	}
-	usedBy := map[string][]syntax.DID{}
-	if _, err := pgx.ForEachRow(rows, []any{&did, &code}, func() error {
-		usedBy[code] = append(usedBy[code], syntax.DID(did))
-		return nil
-	}); err != nil {
-		return nil, db.Translate(err)
-	}
-	if len(usedBy) == 0 {
-		return out, nil
-	}
-	codes := make([]string, 0, len(usedBy))
-	for c := range usedBy {
-		codes = append(codes, c)
-	}
-	rows, err = s.pool.Query(ctx, qInviteCodesByCode, codes)
-	if err != nil {
-		return nil, db.Translate(err)
-	}
-	used, err := scanInviteCodes(rows)
-	if err != nil {
-		return nil, err
-	}
-	for i := range used {
-		for _, d := range usedBy[used[i].Code] {
-			if det := out[d]; det != nil {
-				det.InvitedBy = &used[i]
-			}
-		}
-	}
-	return out, nil
-}
-
-// ListInviteCodesByUsage is ListInviteCodes ordered by how often each code
-// was used, most first.
-func (s *Service) ListInviteCodesByUsage(ctx context.Context, cursor string, limit int) ([]InviteCode, string, error) {
-	return s.listInviteCodes(ctx, qListInviteCodesByUsage, cursor, limit)
+	return t, nil
 }

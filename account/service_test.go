@@ -78,7 +78,7 @@ func TestAdminOperations(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, s.SetEmail(ctx, "did:plc:unknownunknownunknown", "x@example.com"), ErrAccountNotFound)
 
-	require.NoError(t, s.SetInvitesDisabled(ctx, a.DID, true))
+	require.NoError(t, s.SetInvitesDisabled(ctx, a.DID, true, nil))
 	a2, err := s.Get(ctx, a.DID)
 	require.NoError(t, err)
 	require.True(t, a2.InvitesDisabled)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bulwark-pds/bulwark/db"
 )
@@ -38,15 +37,9 @@ type Entry struct {
 	Reason  string    `json:"reason,omitempty"`
 }
 
-// Querier is what recording needs: a pgx.Tx normally.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Record writes e through q (the transaction making the change) and fills in
 // its ID and time.
-func Record(ctx context.Context, q Querier, e *Entry) error {
+func Record(ctx context.Context, q db.DBTX, e *Entry) error {
 	before, err := marshal(e.Before)
 	if err != nil {
 		return err
@@ -72,14 +65,9 @@ func marshal(v any) ([]byte, error) {
 	return b, nil
 }
 
-// Lister is what listing needs: a pool or a transaction.
-type Lister interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // List returns up to limit entries, newest first, optionally for one
 // subject, before the entry with ID before (0 = from the newest).
-func List(ctx context.Context, q Lister, subject string, before int64, limit int) ([]Entry, error) {
+func List(ctx context.Context, q db.DBTX, subject string, before int64, limit int) ([]Entry, error) {
 	rows, err := q.Query(ctx, qList, subject, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing audit entries: %w", db.Translate(err))

@@ -108,6 +108,11 @@ type Service struct {
 	cfg   Config
 	log   *slog.Logger
 	now   func() time.Time
+	// tick, when set (tests), replaces Run's GCInterval ticker.
+	tick <-chan time.Time
+	// passes, when set (tests), is told how many blobs each of Run's
+	// collection passes deleted.
+	passes chan<- int
 }
 
 var _ repo.BlobTracker = (*Service)(nil)
@@ -234,12 +239,12 @@ func (s *Service) Upload(ctx context.Context, did syntax.DID, r io.Reader) (*Blo
 func (s *Service) Open(ctx context.Context, did syntax.DID, c cid.Cid) (*Blob, io.ReadSeekCloser, error) {
 	b := &Blob{CID: c}
 	var key string
-	err := s.pool.QueryRow(ctx, qGetBlob, did.String(), c.String()).Scan(&b.MimeType, &b.Size, &key)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(s.pool.QueryRow(ctx, qGetBlob, did.String(), c.String()).Scan(&b.MimeType, &b.Size, &key))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, nil, fmt.Errorf("%w: %s of %s", ErrBlobNotFound, c, did)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading blob: %w", db.Translate(err))
+		return nil, nil, fmt.Errorf("reading blob: %w", err)
 	}
 	rc, err := s.store.Open(ctx, key)
 	if errors.Is(err, ErrObjectNotFound) {
@@ -255,7 +260,7 @@ func (s *Service) Open(ctx context.Context, did syntax.DID, c cid.Cid) (*Blob, i
 // DeleteAccountTx implements account.Cleaner: inside the account deletion's
 // transaction it drops the account's references and marks all its blobs
 // expired, so the next collection deletes them.
-func (s *Service) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+func (s *Service) DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DID) error {
 	for _, q := range []string{qDeleteAccountRefs, qExpireAccountBlobs} {
 		if _, err := tx.Exec(ctx, q, did.String()); err != nil {
 			return fmt.Errorf("releasing the account's blobs: %w", db.Translate(err))
@@ -411,8 +416,12 @@ func (s *Service) ListMissing(ctx context.Context, did syntax.DID, cursor string
 // run it at once: each deletion is its own transaction under the CID's
 // lock.
 func (s *Service) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.GCInterval)
-	defer t.Stop()
+	tick := s.tick
+	if tick == nil {
+		t := time.NewTicker(s.cfg.GCInterval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		n, err := s.Collect(ctx)
 		switch {
@@ -423,10 +432,17 @@ func (s *Service) Run(ctx context.Context) error {
 		case n > 0:
 			s.log.Info("expired blobs deleted", "count", n)
 		}
+		if s.passes != nil {
+			select {
+			case s.passes <- n:
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-tick:
 		}
 	}
 }
@@ -481,12 +497,12 @@ func (s *Service) collect(ctx context.Context, did, key string, cutoff time.Time
 			return db.Translate(err)
 		}
 		var storageKey string
-		err := tx.QueryRow(ctx, qDeleteExpiredBlob, did, key, cutoff).Scan(&storageKey)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := db.Translate(tx.QueryRow(ctx, qDeleteExpiredBlob, did, key, cutoff).Scan(&storageKey))
+		if errors.Is(err, db.ErrNotFound) {
 			return nil // referenced or re-uploaded meanwhile
 		}
 		if err != nil {
-			return db.Translate(err)
+			return err
 		}
 		var inUse bool
 		if err := tx.QueryRow(ctx, qObjectInUse, key).Scan(&inUse); err != nil {

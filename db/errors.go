@@ -18,37 +18,64 @@ var (
 	// ErrSerialization means Postgres aborted the transaction to keep it
 	// serialisable (or to break a deadlock); retrying it may succeed.
 	ErrSerialization = errors.New("db: serialization failure")
+	// ErrInvalidText means Postgres refused a string it cannot store: a
+	// NUL character or bytes that are not UTF-8 in a text column, or a
+	// \u0000 in a jsonb one. Such strings come from clients, so this is
+	// their mistake; the statement wrote nothing.
+	ErrInvalidText = errors.New("db: text cannot be stored (NUL character or invalid UTF-8)")
+	// ErrSessionRefused means the session guard (bulwark_refuse_session,
+	// migrations/00009_session_guard.sql) aborted a write: the account is
+	// not active or the access token's session has ended.
+	ErrSessionRefused = errors.New("db: session refused")
 )
 
-// SQLSTATE codes Translate understands.
-const (
-	codeUniqueViolation      = "23505"
-	codeSerializationFailure = "40001"
-	codeDeadlockDetected     = "40P01"
-)
+// translated are the errors Translate returns wrapped; an error that
+// already wraps one of them has been translated.
+var translated = []error{ErrNotFound, ErrConflict, ErrSerialization, ErrInvalidText, ErrSessionRefused}
+
+// sqlStates maps the SQLSTATE codes Translate understands to their domain
+// error.
+var sqlStates = map[string]error{
+	"23505": ErrConflict,       // unique_violation
+	"40001": ErrSerialization,  // serialization_failure
+	"40P01": ErrSerialization,  // deadlock_detected
+	"22021": ErrInvalidText,    // character_not_in_repertoire (NUL, invalid UTF-8 in text)
+	"22P05": ErrInvalidText,    // untranslatable_character (\u0000 in jsonb)
+	"BW002": ErrSessionRefused, // raised by bulwark_refuse_session
+}
 
 // Translate wraps err so that errors.Is(err, ErrNotFound / ErrConflict /
-// ErrSerialization) works while the driver error stays reachable (for its
-// detail and constraint name). nil stays nil; other errors come back
-// unchanged, as do errors Translate has already wrapped.
+// ErrSerialization / ErrInvalidText / ErrSessionRefused) works while the
+// driver error stays reachable (for its detail and constraint name). nil
+// stays nil; other errors come back unchanged, as do errors Translate has
+// already wrapped.
 func Translate(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrSerialization) {
-		return err
+	for _, sentinel := range translated {
+		if errors.Is(err, sentinel) {
+			return err
+		}
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case codeUniqueViolation:
-			return fmt.Errorf("%w: %w", ErrConflict, err)
-		case codeSerializationFailure, codeDeadlockDetected:
-			return fmt.Errorf("%w: %w", ErrSerialization, err)
+		if sentinel, ok := sqlStates[pgErr.Code]; ok {
+			return fmt.Errorf("%w: %w", sentinel, err)
 		}
 	}
 	return err
+}
+
+// ConstraintName is the name of the constraint a translated ErrConflict
+// names (a unique index), or "" when err carries none.
+func ConstraintName(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.ConstraintName
+	}
+	return ""
 }

@@ -19,11 +19,11 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/db"
 )
 
 func TestAccountsAndSessions(t *testing.T) {
@@ -92,82 +92,91 @@ func TestAccountsAndSessions(t *testing.T) {
 		require.NotEmpty(t, c["jti"])
 	})
 
-	t.Run("refresh rotates; deleteSession ends the session", func(t *testing.T) {
-		s := e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": u.pass}).ok(t)
-		access, refresh := s.str(t, "accessJwt"), s.str(t, "refreshJwt")
-		r := e.post(t, "com.atproto.server.refreshSession", refresh, nil).ok(t)
-		access2, refresh2 := r.str(t, "accessJwt"), r.str(t, "refreshJwt")
-		require.NotEqual(t, refresh, refresh2)
-		// Presented again within the grace period, the old refresh token
-		// yields the same successor (retries, goat); nothing else.
-		again := e.post(t, "com.atproto.server.refreshSession", refresh, nil).ok(t)
-		require.Equal(t, jti(t, refresh2), jti(t, again.str(t, "refreshJwt")))
-		// An access token is not a refresh token, and the reverse.
-		e.post(t, "com.atproto.server.refreshSession", access2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		e.get(t, "com.atproto.server.getSession", refresh2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		// Both access tokens of the session work until it ends.
-		e.get(t, "com.atproto.server.getSession", access, nil).ok(t)
-		e.get(t, "com.atproto.server.getSession", access2, nil).ok(t)
-		e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend", "record": post("ok")}).ok(t)
-		e.post(t, "com.atproto.server.deleteSession", refresh2, nil).ok(t)
-		e.get(t, "com.atproto.server.getSession", access2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		// Writes check the session inside the commit's transaction (the
-		// guard of requireRepoWrite): refused with the same error, and
-		// nothing is stored.
-		e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "afterend", "record": post("no")}).
-			fails(t, http.StatusBadRequest, "InvalidToken")
-		e.post(t, "com.atproto.repo.applyWrites", access2, map[string]any{"repo": u.did, "writes": []any{map[string]any{
-			"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "rkey": "afterend", "value": post("no")}}}).
-			fails(t, http.StatusBadRequest, "InvalidToken")
-		e.post(t, "com.atproto.repo.deleteRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend"}).
-			fails(t, http.StatusBadRequest, "InvalidToken")
-		e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"afterend"}}).
-			fails(t, http.StatusBadRequest, "RecordNotFound")
-		e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"beforeend"}}).ok(t)
-		e.post(t, "com.atproto.server.refreshSession", refresh2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		e.post(t, "com.atproto.server.refreshSession", refresh, nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		// deleteSession is idempotent.
-		e.post(t, "com.atproto.server.deleteSession", refresh2, nil).ok(t)
-		// Other sessions are unaffected.
-		e.get(t, "com.atproto.server.getSession", u.access, nil).ok(t)
-	})
+	t.Run("refresh rotates; deleteSession ends the session", func(t *testing.T) { refreshAndEndSession(t, e, u) })
+	t.Run("bad credentials and tokens", func(t *testing.T) { badCredentials(t, e, u) })
+}
 
-	t.Run("bad credentials and tokens", func(t *testing.T) {
-		e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": "wrong password"}).
-			fails(t, http.StatusUnauthorized, "AuthenticationRequired")
-		e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": "nobody.test", "password": "whatever12"}).
-			fails(t, http.StatusUnauthorized, "AuthenticationRequired")
-		e.get(t, "com.atproto.server.getSession", "", nil).fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+// refreshAndEndSession: refreshSession rotates the refresh token (the old
+// one yields the same successor within its grace period), and
+// deleteSession ends the session for reads and writes alike, leaving the
+// account's other sessions alone.
+func refreshAndEndSession(t *testing.T, e *accountEnv, u *user) {
+	s := e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": u.pass}).ok(t)
+	access, refresh := s.str(t, "accessJwt"), s.str(t, "refreshJwt")
+	r := e.post(t, "com.atproto.server.refreshSession", refresh, nil).ok(t)
+	access2, refresh2 := r.str(t, "accessJwt"), r.str(t, "refreshJwt")
+	require.NotEqual(t, refresh, refresh2)
+	// Presented again within the grace period, the old refresh token
+	// yields the same successor (retries, goat); nothing else.
+	again := e.post(t, "com.atproto.server.refreshSession", refresh, nil).ok(t)
+	require.Equal(t, jti(t, refresh2), jti(t, again.str(t, "refreshJwt")))
+	// An access token is not a refresh token, and the reverse.
+	e.post(t, "com.atproto.server.refreshSession", access2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	e.get(t, "com.atproto.server.getSession", refresh2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	// Both access tokens of the session work until it ends.
+	e.get(t, "com.atproto.server.getSession", access, nil).ok(t)
+	e.get(t, "com.atproto.server.getSession", access2, nil).ok(t)
+	e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend", "record": post("ok")}).ok(t)
+	e.post(t, "com.atproto.server.deleteSession", refresh2, nil).ok(t)
+	e.get(t, "com.atproto.server.getSession", access2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	// Writes check the session inside the commit's transaction (the
+	// guard of requireRepoWrite): refused with the same error, and
+	// nothing is stored.
+	e.post(t, "com.atproto.repo.createRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "afterend", "record": post("no")}).
+		fails(t, http.StatusBadRequest, "InvalidToken")
+	e.post(t, "com.atproto.repo.applyWrites", access2, map[string]any{"repo": u.did, "writes": []any{map[string]any{
+		"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "rkey": "afterend", "value": post("no")}}}).
+		fails(t, http.StatusBadRequest, "InvalidToken")
+	e.post(t, "com.atproto.repo.deleteRecord", access2, map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "beforeend"}).
+		fails(t, http.StatusBadRequest, "InvalidToken")
+	e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"afterend"}}).
+		fails(t, http.StatusBadRequest, "RecordNotFound")
+	e.get(t, "com.atproto.repo.getRecord", "", url.Values{"repo": {u.did.String()}, "collection": {"app.bsky.feed.post"}, "rkey": {"beforeend"}}).ok(t)
+	e.post(t, "com.atproto.server.refreshSession", refresh2, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	e.post(t, "com.atproto.server.refreshSession", refresh, nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	// deleteSession is idempotent.
+	e.post(t, "com.atproto.server.deleteSession", refresh2, nil).ok(t)
+	// Other sessions are unaffected.
+	e.get(t, "com.atproto.server.getSession", u.access, nil).ok(t)
+}
 
-		sign := func(secret []byte, typ string, claims jwt.MapClaims) string {
-			tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
-			tok.Header["typ"] = typ
-			s, err := tok.SignedString(secret)
-			require.NoError(t, err)
-			return s
-		}
-		now := time.Now()
-		base := func() jwt.MapClaims {
-			return jwt.MapClaims{"scope": "com.atproto.access", "sub": u.did.String(), "aud": e.cfg.ServiceDID(),
-				"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "jti": "x"}
-		}
-		expired := base()
-		expired["exp"] = now.Add(-time.Minute).Unix()
-		e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", expired), nil).fails(t, http.StatusBadRequest, "ExpiredToken")
-		e.get(t, "com.atproto.server.getSession", sign([]byte(strings.Repeat("f", 40)), "at+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		e.get(t, "com.atproto.server.getSession", sign(e.jwt, "refresh+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		otherAud := base()
-		otherAud["aud"] = "did:web:elsewhere.example"
-		e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", otherAud), nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		serviceAuth := base()
-		serviceAuth["lxm"] = "com.atproto.server.getSession"
-		e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", serviceAuth), nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		// Correctly signed, but not a session this server started.
-		e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		e.get(t, "com.atproto.server.getSession", "not-a-jwt", nil).fails(t, http.StatusBadRequest, "InvalidToken")
-		e.do(t, http.MethodGet, "com.atproto.server.getSession", "", nil, nil, http.Header{"Authorization": {"Basic abc"}}).
-			fails(t, http.StatusBadRequest, "InvalidToken")
-	})
+// badCredentials: wrong passwords, tokens of the wrong kind, expired,
+// forged or foreign tokens are refused with the names clients act on.
+func badCredentials(t *testing.T, e *accountEnv, u *user) {
+	e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": "wrong password"}).
+		fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+	e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": "nobody.test", "password": "whatever12"}).
+		fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+	e.get(t, "com.atproto.server.getSession", "", nil).fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+
+	sign := func(secret []byte, typ string, claims jwt.MapClaims) string {
+		tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
+		tok.Header["typ"] = typ
+		s, err := tok.SignedString(secret)
+		require.NoError(t, err)
+		return s
+	}
+	now := time.Now()
+	base := func() jwt.MapClaims {
+		return jwt.MapClaims{"scope": "com.atproto.access", "sub": u.did.String(), "aud": e.cfg.ServiceDID(),
+			"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "jti": "x"}
+	}
+	expired := base()
+	expired["exp"] = now.Add(-time.Minute).Unix()
+	e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", expired), nil).fails(t, http.StatusBadRequest, "ExpiredToken")
+	e.get(t, "com.atproto.server.getSession", sign([]byte(strings.Repeat("f", 40)), "at+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	e.get(t, "com.atproto.server.getSession", sign(e.jwt, "refresh+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	otherAud := base()
+	otherAud["aud"] = "did:web:elsewhere.example"
+	e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", otherAud), nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	serviceAuth := base()
+	serviceAuth["lxm"] = "com.atproto.server.getSession"
+	e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", serviceAuth), nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	// Correctly signed, but not a session this server started.
+	e.get(t, "com.atproto.server.getSession", sign(e.jwt, "at+jwt", base()), nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	e.get(t, "com.atproto.server.getSession", "not-a-jwt", nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	e.do(t, http.MethodGet, "com.atproto.server.getSession", "", nil, nil, http.Header{"Authorization": {"Basic abc"}}).
+		fails(t, http.StatusBadRequest, "InvalidToken")
 }
 
 func TestCreateAccountRefusals(t *testing.T) {
@@ -481,7 +490,7 @@ type recordingCleaner struct {
 	fail bool
 }
 
-func (c *recordingCleaner) DeleteAccountTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+func (c *recordingCleaner) DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DID) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fail {

@@ -3,7 +3,6 @@ package pds
 import (
 	"crypto/sha256"
 	"crypto/subtle"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -16,7 +15,9 @@ import (
 // Token errors are 400s named ExpiredToken / InvalidToken, as the reference
 // PDS answers them (InvalidRequestError with those names); @atproto/api
 // refreshes its session on a 400 ExpiredToken or any 401. The constructors
-// ExpiredToken/InvalidToken in xrpc.go (401) are for other callers.
+// ExpiredToken/InvalidToken in errors.go (401) are for other callers; the
+// error table (domainErrors) answers the account package's token errors
+// the same way.
 func tokenExpired(msg string) *XRPCError {
 	return newError(http.StatusBadRequest, "ExpiredToken", "%s", msg)
 }
@@ -216,41 +217,4 @@ func (s *Server) isAdminRequest(r *http.Request) bool {
 		return false
 	}
 	return s.requireAdmin(r) == nil
-}
-
-// accountErrorFor maps account, repo and plc sentinels to XRPC errors; nil
-// for anything else. xrpcErrorFor calls it.
-func accountErrorFor(err error) *XRPCError {
-	msg := err.Error()
-	switch {
-	case errors.Is(err, account.ErrExpiredToken):
-		return tokenExpired(msg)
-	case errors.Is(err, account.ErrInvalidToken):
-		return tokenInvalid(msg)
-	case errors.Is(err, account.ErrAccountDeactivated):
-		return newError(http.StatusUnauthorized, "AccountDeactivated", "%s", msg)
-	case errors.Is(err, account.ErrAccountTakendown):
-		return newError(http.StatusUnauthorized, "AccountTakedown", "%s", msg)
-	case errors.Is(err, account.ErrAuthFailed):
-		return newError(http.StatusUnauthorized, "AuthenticationRequired", "%s", msg)
-	case errors.Is(err, account.ErrInvalidHandle):
-		return newError(http.StatusBadRequest, "InvalidHandle", "%s", msg)
-	case errors.Is(err, account.ErrUnsupportedDomain):
-		return newError(http.StatusBadRequest, "UnsupportedDomain", "%s", msg)
-	case errors.Is(err, account.ErrHandleNotAvailable):
-		return newError(http.StatusBadRequest, "HandleNotAvailable", "%s", msg)
-	case errors.Is(err, account.ErrInvalidPassword):
-		return newError(http.StatusBadRequest, "InvalidPassword", "%s", msg)
-	case errors.Is(err, account.ErrInvalidInviteCode):
-		return newError(http.StatusBadRequest, "InvalidInviteCode", "%s", msg)
-	case errors.Is(err, account.ErrInvalidEmail), errors.Is(err, account.ErrEmailTaken),
-		errors.Is(err, account.ErrUnsupportedDID), errors.Is(err, account.ErrAppPasswordExists),
-		errors.Is(err, account.ErrInvalidAppPassword):
-		return InvalidRequest("%s", msg)
-	case errors.Is(err, account.ErrAppPasswordNotFound):
-		return newError(http.StatusBadRequest, "InvalidRequest", "%s", msg)
-	case errors.Is(err, account.ErrAccountNotFound):
-		return newError(http.StatusBadRequest, "AccountNotFound", "%s", msg)
-	}
-	return repoErrorFor(err)
 }

@@ -2,7 +2,6 @@ package pds
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -84,18 +83,6 @@ func ServiceOverloaded(retryAfter time.Duration, format string, args ...any) *XR
 	e := newError(http.StatusServiceUnavailable, "ServiceOverloaded", format, args...)
 	e.Header = http.Header{ratelimit.HeaderRetryAfter: {strconv.FormatInt(ratelimit.RetryAfterSeconds(retryAfter), 10)}}
 	return e
-}
-
-// limitErrorFor maps the budget's refusal to 503 ServiceOverloaded; nil for
-// anything else.
-func limitErrorFor(err error) *XRPCError {
-	var oe *budget.OverloadedError
-	if errors.As(err, &oe) {
-		e := ServiceOverloaded(oe.RetryAfter, "server overloaded: too many large responses in flight; retry later")
-		e.Err = err
-		return e
-	}
-	return nil
 }
 
 // protection is the Server's share of the limits: nil fields are off.

@@ -3,6 +3,7 @@ package pds
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,32 +184,77 @@ func jsonBody(t *testing.T, v any) io.Reader {
 	return bytes.NewReader(b)
 }
 
+// heldConns stands in for the cool-off's timer: it reports each hold the
+// server starts, and ends them all when the test says so.
+type heldConns struct {
+	started chan time.Duration
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHeldConns(t *testing.T) *heldConns {
+	h := &heldConns{started: make(chan time.Duration, 16), release: make(chan struct{})}
+	t.Cleanup(h.end)
+	return h
+}
+
+func (h *heldConns) hold(ctx context.Context, d time.Duration) {
+	h.started <- d
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+	}
+}
+
+// next returns the length of the next hold the server starts; it fails
+// rather than hangs when none comes.
+func (h *heldConns) next(t *testing.T) time.Duration {
+	t.Helper()
+	select {
+	case d := <-h.started:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server held no connection")
+		return 0
+	}
+}
+
+// end ends every hold, now and later.
+func (h *heldConns) end() { h.once.Do(func() { close(h.release) }) }
+
 // TestRefusalCoolOff: a client refused with 429 gets the answer at once,
 // but its next request on the same connection is not read until the
 // Retry-After (capped by --refusal-cooloff) has passed; another connection
 // is answered meanwhile. Connections from a trusted proxy are never held.
+// The hold's timer is the test's (heldConns), so nothing here waits on the
+// clock.
 func TestRefusalCoolOff(t *testing.T) {
 	t.Parallel()
-	envWith := func(trustLoopback bool) *accountEnv {
+	envWith := func(t *testing.T, trustLoopback bool) (*accountEnv, *heldConns) {
 		policies := ratelimit.DefaultPolicies()
 		rules, err := ratelimit.ParseRules("2/5m")
 		require.NoError(t, err)
 		policies[ratelimit.PolicyGlobal] = rules
 		set, err := ratelimit.NewSet(policies, 0)
 		require.NoError(t, err)
-		return newAccountEnv(t, envOptions{
+		holds := newHeldConns(t)
+		e := newAccountEnv(t, envOptions{
 			configure: func(c *config.Config) {
 				c.RefusalCoolOff = 2 * time.Second
 				if trustLoopback {
 					c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 				}
 			},
-			options: func(o *Options) { o.Limits = set },
+			options: func(o *Options) {
+				o.Limits = set
+				o.holdRefused = holds.hold
+			},
 		})
+		return e, holds
 	}
 	// ask sends a describeServer on conn and returns the response's status
-	// on the channel once it has been read.
-	ask := func(conn net.Conn, br *bufio.Reader) <-chan int {
+	// on the channel once it has been read (0 if none came).
+	ask := func(t *testing.T, conn net.Conn, br *bufio.Reader) <-chan int {
 		out := make(chan int, 1)
 		_, err := io.WriteString(conn, "GET /xrpc/com.atproto.server.describeServer HTTP/1.1\r\nHost: pds.test\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n")
 		require.NoError(t, err)
@@ -223,7 +270,7 @@ func TestRefusalCoolOff(t *testing.T) {
 		}()
 		return out
 	}
-	dial := func(e *accountEnv) (net.Conn, *bufio.Reader) {
+	dial := func(t *testing.T, e *accountEnv) (net.Conn, *bufio.Reader) {
 		u, err := url.Parse(e.url)
 		require.NoError(t, err)
 		conn, err := net.Dial("tcp", u.Host)
@@ -234,32 +281,37 @@ func TestRefusalCoolOff(t *testing.T) {
 	}
 
 	t.Run("direct client is held", func(t *testing.T) {
-		e := envWith(false)
-		conn, br := dial(e)
+		e, holds := envWith(t, false)
+		conn, br := dial(t, e)
 		const held = "bulwark_http_refusal_cooloffs_total"
 		before := scrape(t)[held]
-		require.Equal(t, http.StatusOK, <-ask(conn, br))
-		require.Equal(t, http.StatusOK, <-ask(conn, br))
-		// The refusal itself arrives at once, although the server now
-		// holds the connection.
-		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br))
+		require.Equal(t, http.StatusOK, <-ask(t, conn, br))
+		require.Equal(t, http.StatusOK, <-ask(t, conn, br))
+		// The refusal itself arrives at once; then the server holds the
+		// connection, for the Retry-After capped by --refusal-cooloff.
+		require.Equal(t, http.StatusTooManyRequests, <-ask(t, conn, br))
+		require.Equal(t, 2*time.Second, holds.next(t))
 		require.GreaterOrEqual(t, scrape(t)[held]-before, 1.0)
-		// The next request on that connection waits, unread.
-		next := ask(conn, br)
-		require.Never(t, func() bool { return len(next) > 0 }, 300*time.Millisecond, 10*time.Millisecond)
-		// Another connection is served meanwhile (refused too: same client).
-		other, obr := dial(e)
-		require.Equal(t, http.StatusTooManyRequests, <-ask(other, obr))
+		// The next request on that connection waits, unread, while the
+		// hold lasts; another connection is served meanwhile (refused too:
+		// same client, and held in turn).
+		next := ask(t, conn, br)
+		other, obr := dial(t, e)
+		require.Equal(t, http.StatusTooManyRequests, <-ask(t, other, obr))
+		require.Equal(t, 2*time.Second, holds.next(t))
+		require.Empty(t, next, "answered while its connection was held")
 		// Once the cool-off is over the held request is read and answered.
+		holds.end()
 		require.Equal(t, http.StatusTooManyRequests, <-next)
 	})
 
 	t.Run("trusted proxy is never held", func(t *testing.T) {
-		e := envWith(true)
-		conn, br := dial(e)
-		require.Equal(t, http.StatusOK, <-ask(conn, br))
-		require.Equal(t, http.StatusOK, <-ask(conn, br))
-		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br))
-		require.Equal(t, http.StatusTooManyRequests, <-ask(conn, br), "answered at once on the same connection")
+		e, holds := envWith(t, true)
+		conn, br := dial(t, e)
+		require.Equal(t, http.StatusOK, <-ask(t, conn, br))
+		require.Equal(t, http.StatusOK, <-ask(t, conn, br))
+		require.Equal(t, http.StatusTooManyRequests, <-ask(t, conn, br))
+		require.Equal(t, http.StatusTooManyRequests, <-ask(t, conn, br), "answered at once on the same connection")
+		require.Empty(t, holds.started, "a trusted proxy's connection was held")
 	})
 }

@@ -41,35 +41,6 @@ func (s *Server) registerRepoRoutes() {
 	s.query("com.atproto.repo.describeRepo", s.handleDescribeRepo)
 }
 
-// repoErrorFor maps the repository engine's and the PLC client's sentinels
-// to XRPC errors; nil for anything else.
-func repoErrorFor(err error) *XRPCError {
-	msg := err.Error()
-	switch {
-	case errors.Is(err, repo.ErrLimitExceeded):
-		var le *repo.LimitError
-		if errors.As(err, &le) {
-			msg = le.Error()
-		}
-		return InvalidRequest("%s", msg)
-	case errors.Is(err, repo.ErrInvalidSwap):
-		return InvalidSwap("%s", msg)
-	case errors.Is(err, repo.ErrRecordNotFound):
-		return RecordNotFound("%s", msg)
-	case errors.Is(err, repo.ErrRepoNotFound):
-		return RepoNotFound("%s", msg)
-	case errors.Is(err, repo.ErrRecordExists), errors.Is(err, repo.ErrInvalidWrite):
-		return InvalidRequest("%s", msg)
-	case errors.Is(err, plc.ErrNotControlled):
-		return InvalidRequest("%s", msg)
-	case errors.Is(err, plc.ErrDirectory):
-		e := UpstreamFailure("the PLC directory did not accept the operation; nothing was changed")
-		e.Err = err
-		return e
-	}
-	return nil
-}
-
 // commitMeta is com.atproto.repo.defs#commitMeta.
 type commitMeta struct {
 	CID string `json:"cid"`

@@ -1,8 +1,8 @@
 // Package pds is Bulwark's HTTP layer: XRPC routing, errors, middleware and
 // the handlers, one file per lexicon group. Handlers parse input into
-// syntax types, call a domain package (repo, firehose, ...), and map its
-// errors to XRPC errors in one place (xrpcErrorFor). Nothing here is
-// domain logic.
+// syntax types, call a domain package (account, repo, blob, ...), and map
+// its errors to XRPC errors in one place (domainErrors in errors.go).
+// Nothing here is domain logic, and nothing here runs SQL.
 //
 // Adding an XRPC method is one line in Server.routes plus a handler in its
 // own file:
@@ -118,6 +118,12 @@ type Options struct {
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
 	CARCacheDir string
+
+	// holdRefused, when set (tests), replaces the wait a refused
+	// connection is held for (see coolOff): it is called with the
+	// request's context and the hold's length, and returns when the hold
+	// is over.
+	holdRefused func(ctx context.Context, d time.Duration)
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -161,6 +167,8 @@ type Server struct {
 	carCache *carCache
 	// exportRate is the byte rate all getRepo answers share (nil: none).
 	exportRate *rate.Limiter
+	// holdRefused waits out a refused connection's cool-off (coolOff).
+	holdRefused func(ctx context.Context, d time.Duration)
 }
 
 // New builds a Server and registers its routes.
@@ -187,6 +195,10 @@ func New(opts Options) (*Server, error) {
 		mux:           http.NewServeMux(),
 		methods:       map[string]*method{},
 		unknownMethod: methodNotImplemented,
+		holdRefused:   waitFor,
+	}
+	if opts.holdRefused != nil {
+		s.holdRefused = opts.holdRefused
 	}
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
 	s.blobs = opts.Blobs
@@ -536,11 +548,16 @@ func (s *Server) coolOff(rec *responseRecorder, r *http.Request) {
 	// metric after seeing the 429 sees this hold counted.
 	metrics.RefusalCoolOffs.Inc()
 	rec.Flush()
-	t := time.NewTimer(wait)
+	s.holdRefused(r.Context(), wait)
+}
+
+// waitFor returns after d, or sooner when ctx ends (the client went away).
+func waitFor(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-r.Context().Done():
+	case <-ctx.Done():
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,13 +16,10 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/ipld/go-car"
 	"github.com/ipld/go-car/util"
-	"github.com/jackc/pgx/v5"
 	"golang.org/x/time/rate"
 
 	"github.com/bulwark-pds/bulwark/account"
-	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
-	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -32,14 +28,6 @@ import (
 // com.atproto.sync reads: what relays and app views fall back to when they
 // lose track of a repository. All of them are public (no auth) and cheap to
 // refuse: the account's status is checked before any block is read.
-
-//go:embed sync.sql
-var syncSQL string
-
-// qListRepos lists repo_roots joined with account status. It belongs with
-// the repo engine (and the status with the account package); it lives here
-// until they offer a listing, and only reads.
-var qListRepos = db.MustParseQueries(syncSQL).MustGet("ListRepos")
 
 // Limits of the sync methods.
 const (
@@ -384,28 +372,21 @@ func (s *Server) handleListRepos(w http.ResponseWriter, r *http.Request) error {
 	if err := p.Err(); err != nil {
 		return err
 	}
-	rows, err := s.db.Query(r.Context(), qListRepos, cursor, limit)
+	repos, err := account.ListRepos(r.Context(), s.db, cursor, int(limit))
 	if err != nil {
-		return fmt.Errorf("listing repos: %w", db.Translate(err))
+		return err
 	}
-	out := listReposOutput{Repos: []*comatproto.SyncListRepos_Repo{}}
-	var did, rev string
-	var commitRaw []byte
-	var status *string
-	_, err = pgx.ForEachRow(rows, []any{&did, &commitRaw, &rev, &status}, func() error {
-		c, err := cid.Cast(commitRaw)
-		if err != nil {
-			return fmt.Errorf("%w: commit cid of %s: %v", repo.ErrCorruptRepo, did, err)
-		}
-		item := &comatproto.SyncListRepos_Repo{Did: did, Head: c.String(), Rev: rev}
-		st := string(account.StatusActive)
-		switch {
-		case status != nil:
-			st = *status
-		case s.accounts != nil:
-			// A repository whose account row is gone: getRepo answers
-			// RepoNotFound for it, so it is listed as deleted.
-			st = string(account.StatusDeleted)
+	out := listReposOutput{Repos: make([]*comatproto.SyncListRepos_Repo, 0, len(repos))}
+	for _, hr := range repos {
+		item := &comatproto.SyncListRepos_Repo{Did: hr.DID.String(), Head: hr.Head.String(), Rev: hr.Rev}
+		st := string(hr.Status)
+		if st == "" {
+			// No account row. With accounts, getRepo answers RepoNotFound
+			// for such a repository, so it is listed as deleted.
+			st = string(account.StatusActive)
+			if s.accounts != nil {
+				st = string(account.StatusDeleted)
+			}
 		}
 		active := st == string(account.StatusActive)
 		item.Active = &active
@@ -413,10 +394,6 @@ func (s *Server) handleListRepos(w http.ResponseWriter, r *http.Request) error {
 			item.Status = &st
 		}
 		out.Repos = append(out.Repos, item)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("listing repos: %w", db.Translate(err))
 	}
 	if int64(len(out.Repos)) == limit {
 		last := out.Repos[len(out.Repos)-1].Did
@@ -672,18 +649,4 @@ func (s *Server) registerSyncRoutes() {
 	s.query("com.atproto.sync.getBlob", s.handleGetBlob, longRunning())
 	s.procedure("com.atproto.repo.uploadBlob", s.handleUploadBlob, withMaxBody(s.blobs.MaxBytes()), longRunning())
 	s.query("com.atproto.repo.listMissingBlobs", s.handleListMissingBlobs)
-}
-
-// blobErrorFor maps the blob service's sentinels to XRPC errors; nil for
-// anything else.
-func blobErrorFor(err error) *XRPCError {
-	switch {
-	case errors.Is(err, blob.ErrBlobNotFound):
-		return BlobNotFound("%s", err.Error())
-	case errors.Is(err, blob.ErrTooLarge):
-		return PayloadTooLarge("%s", err.Error())
-	case errors.Is(err, blob.ErrUploadRead):
-		return InvalidRequest("the upload did not arrive whole: %v", err)
-	}
-	return nil
 }

@@ -27,7 +27,6 @@ import (
 	cbor "github.com/ipfs/go-ipld-cbor"
 	"github.com/ipld/go-car"
 	"github.com/ipld/go-car/util"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -206,15 +205,17 @@ func (b *syncBundle) recordIndex(t testing.TB, did syntax.DID) map[string]string
 	t.Helper()
 	rows, err := b.pool.Query(context.Background(), "SELECT collection || '/' || rkey, cid FROM records WHERE did = $1", did.String())
 	require.NoError(t, err)
+	defer rows.Close()
 	out := map[string]string{}
-	var path string
-	var raw []byte
-	_, err = pgx.ForEachRow(rows, []any{&path, &raw}, func() error {
+	for rows.Next() {
+		var path string
+		var raw []byte
+		require.NoError(t, rows.Scan(&path, &raw))
 		c, err := cid.Cast(raw)
+		require.NoError(t, err)
 		out[path] = c.String()
-		return err
-	})
-	require.NoError(t, err)
+	}
+	require.NoError(t, rows.Err())
 	return out
 }
 

@@ -1,0 +1,201 @@
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/mail"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// CreateInput is what createAccount asks for.
+type CreateInput struct {
+	Handle     string
+	Email      string
+	Password   string
+	InviteCode string
+	// DID, when set, asks to bring an existing DID: not supported yet.
+	DID string
+}
+
+func normalizeEmail(raw string) (string, error) {
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return "", ruleErr(ErrInvalidEmail, "email is required")
+	}
+	a, err := mail.ParseAddress(raw)
+	if err != nil || a.Address != raw || !strings.Contains(raw, "@") || len(raw) > 254 {
+		return "", ruleErr(ErrInvalidEmail, "%q is not a valid email address", raw)
+	}
+	return strings.ToLower(raw), nil
+}
+
+// newAccount is a checked CreateInput with what the account's transaction
+// stores.
+type newAccount struct {
+	handle syntax.Handle
+	email  string
+	invite string
+	pwHash string
+	key    *atcrypto.PrivateKeyK256
+	sealed []byte
+}
+
+// CreateAccount creates an account with a new did:plc, its empty
+// repository, and a session.
+//
+// Order of events: everything that can be checked locally is checked
+// first; then one transaction inserts the account (the unique indexes
+// settle races on handle and email), uses the invite, writes the genesis
+// commit and the #identity, #account and #sync events, and the session;
+// the PLC genesis is submitted while that transaction is still open, and
+// the transaction commits only if the directory accepted it. A PLC failure
+// therefore leaves nothing behind. The reverse failure (PLC accepted, then
+// the commit failed) leaves a DID pointing here with no account: it is
+// logged and tombstoned on a best-effort basis.
+func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, *Session, error) {
+	na, err := s.checkNew(ctx, in)
+	if err != nil {
+		return nil, nil, err
+	}
+	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
+		return nil, nil, err
+	}
+	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
+		return nil, nil, err
+	}
+	pub, err := na.key.PublicKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	did, genesis, err := s.plc.Genesis(plc.Identity{Handle: na.handle, SigningKey: pub, PDSEndpoint: s.cfg.PublicURL})
+	if err != nil {
+		return nil, nil, err
+	}
+	if na.sealed, err = s.keys.seal(did, na.key); err != nil {
+		return nil, nil, err
+	}
+	log := s.log.With("did", did, "handle", na.handle)
+
+	var sess *Session
+	submitted := false
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var head *repo.Head
+		var err error
+		if head, sess, err = s.storeNew(ctx, tx, did, na); err != nil {
+			return err
+		}
+		if err := s.plc.Submit(ctx, did, genesis); err != nil {
+			return err
+		}
+		submitted = true
+		log.Debug("plc genesis accepted", "rev", head.Rev)
+		return nil
+	})
+	if err != nil {
+		if submitted {
+			log.Error("account not stored after its DID was created in the PLC directory; tombstoning the DID", "error", err)
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), plc.DefaultTimeout)
+			defer cancel()
+			if terr := s.plc.Tombstone(tctx, did, genesis); terr != nil {
+				log.Error("could not tombstone orphaned DID", "error", terr)
+			}
+		}
+		return nil, nil, err
+	}
+	s.keys.remember(did, na.key)
+	s.wake()
+	log.Info("account created")
+	return &Account{DID: did, Handle: na.handle, Email: na.email, Status: StatusActive, CreatedAt: time.Now()}, sess, nil
+}
+
+// checkNew checks everything about in that can be checked before the
+// account's transaction: the rules, and whether the handle or the email is
+// taken already (the unique indexes still settle a race).
+func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, error) {
+	if in.DID != "" {
+		return nil, ruleErr(ErrUnsupportedDID, "bringing an existing DID (%s) is not supported yet; create the account without \"did\"", in.DID)
+	}
+	handle, err := s.NormalizeHandle(in.Handle)
+	if err != nil {
+		return nil, err
+	}
+	email, err := normalizeEmail(in.Email)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNewPassword(in.Password); err != nil {
+		return nil, err
+	}
+	invite := strings.TrimSpace(in.InviteCode)
+	if s.cfg.InviteRequired && invite == "" {
+		return nil, ruleErr(ErrInvalidInviteCode, "an invite code is required to create an account here")
+	}
+	var handleTaken, emailTaken bool
+	if err := s.pool.QueryRow(ctx, qHandleOrEmailTaken, handle.String(), email).Scan(&handleTaken, &emailTaken); err != nil {
+		return nil, fmt.Errorf("checking handle: %w", db.Translate(err))
+	}
+	if handleTaken {
+		return nil, ruleErr(ErrHandleNotAvailable, "handle %s is already taken", handle)
+	}
+	if emailTaken {
+		return nil, ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
+	}
+	return &newAccount{handle: handle, email: email, invite: invite}, nil
+}
+
+// storeNew writes a new account inside tx (a pgx.Tx: the repository
+// engine makes the genesis commit in it): its row, the invite's use, the
+// genesis commit, the #identity, #account and #sync events, and a session.
+func (s *Service) storeNew(ctx context.Context, tx pgx.Tx, did syntax.DID, na *newAccount) (*repo.Head, *Session, error) {
+	if _, err := tx.Exec(ctx, qInsertAccount, did.String(), na.handle.String(), na.email, na.pwHash, na.sealed); err != nil {
+		return nil, nil, uniqueViolation(err, na.handle, na.email)
+	}
+	if na.invite != "" {
+		if err := useInvite(ctx, tx, na.invite, did); err != nil {
+			return nil, nil, err
+		}
+	}
+	head, err := s.repo.InitRepo(ctx, tx, did, na.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := appendIdentity(ctx, tx, did, na.handle); err != nil {
+		return nil, nil, err
+	}
+	if err := appendAccount(ctx, tx, did, StatusActive); err != nil {
+		return nil, nil, err
+	}
+	ev, err := s.repo.SyncEvent(ctx, tx, did)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := firehose.Append(ctx, tx, ev); err != nil {
+		return nil, nil, err
+	}
+	sess, err := s.newSession(ctx, tx, did, nil)
+	return head, sess, err
+}
+
+// uniqueViolation turns a unique-index failure on insert into the error
+// naming what is taken.
+func uniqueViolation(err error, handle syntax.Handle, email string) error {
+	err = db.Translate(err)
+	if !errors.Is(err, db.ErrConflict) {
+		return fmt.Errorf("storing account: %w", err)
+	}
+	if strings.Contains(db.ConstraintName(err), "email") {
+		return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
+	}
+	return ruleErr(ErrHandleNotAvailable, "handle %s is already taken", handle)
+}
