@@ -29,6 +29,9 @@ func TestLoopbackRefusedWithoutConnecting(t *testing.T) {
 	s.requireUntouched(t)
 
 	allowed := newTestClient(t, Config{RootCAs: s.pool(), AllowCIDRs: prefixes("127.0.0.0/8")}, nil)
+	// A proxy from the environment would connect wherever it is asked to.
+	require.Nil(t, allowed.https.Proxy)
+	require.Nil(t, allowed.plain.Proxy)
 	resp, body, err := get(t, allowed, s.URL)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -57,7 +57,9 @@ type DirectoryConfig struct {
 	// development PLC may listen on 127.0.0.1). Empty: DefaultPLCURL.
 	PLCURL string
 	// PLCClient makes the requests to PLCURL. Nil: a client with
-	// DefaultPLCTimeout that follows no redirects.
+	// DefaultPLCTimeout that follows no redirects, on net/http's default
+	// transport (so HTTP_PROXY applies, as it does to the PLC client that
+	// submits operations).
 	PLCClient *http.Client
 	// CacheSize bounds the cached DID documents, and separately the cached
 	// handles. Zero: DefaultCacheSize.

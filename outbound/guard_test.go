@@ -1,6 +1,7 @@
 package outbound
 
 import (
+	"context"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -88,4 +89,17 @@ func TestGuardPermitted(t *testing.T) {
 	require.ErrorIs(t, plain.control("tcp", "8.8.8.8:80", nil), ErrForbiddenScheme)
 	require.NoError(t, https.control("tcp", "8.8.8.8:443", nil))
 	require.NoError(t, plain.control("tcp", "10.0.0.1:80", nil))
+}
+
+func TestGuardDialFiltersBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "127.0.0.1", false, text("secret"))
+	r := &fakeResolver{hosts: map[string][]netip.Addr{"pds.example.com": addrs("127.0.0.1")}}
+	g := newGuard(nil, true, ErrForbiddenAddress, r, slog.Default(), nil)
+	g.dialer.Control = nil // the address filter alone, without the socket-level check
+	for _, target := range []string{"127.0.0.1:" + s.port(), "pds.example.com:" + s.port(), "[::ffff:127.0.0.1]:" + s.port()} {
+		_, err := g.DialContext(context.Background(), "tcp", target)
+		require.ErrorIs(t, err, ErrForbiddenAddress, target)
+	}
+	s.requireUntouched(t)
 }
