@@ -231,6 +231,11 @@ func TestSlowServerTimesOut(t *testing.T) {
 	requireTimeout(t, err)
 	var v any
 	requireTimeout(t, c.GetJSON(context.Background(), s.URL+"/body", 0, &v))
+
+	// A call may shorten the client's default (here DefaultTimeout).
+	long := newTestClient(t, Config{RootCAs: s.pool(), AllowCIDRs: prefixes("127.0.0.0/8")}, nil)
+	_, _, err = get(t, long, s.URL+"/headers", WithTimeout(200*time.Millisecond))
+	requireTimeout(t, err)
 }
 
 func requireTimeout(t *testing.T, err error) {
