@@ -46,13 +46,6 @@ const (
 	KindAccount  Kind = "account"
 )
 
-// MaxFrameBytes is the largest frame relays accept (sync spec; indigo's
-// relay drops the connection above it).
-const MaxFrameBytes = 5_000_000
-
-// MaxSyncBlocksBytes is the lexicon's maxLength for #sync blocks.
-const MaxSyncBlocksBytes = 10_000
-
 // seqPlaceholder is stored in place of an event's seq: the largest int64,
 // which CBOR encodes in the full 9 bytes, so the real seq always fits.
 const seqPlaceholder = math.MaxInt64

@@ -10,14 +10,8 @@ import (
 	"github.com/ipfs/go-cid"
 	car "github.com/ipld/go-car"
 	carutil "github.com/ipld/go-car/util"
-)
 
-// Limits relays enforce on one event (sync spec; indigo's relay
-// MaxMessageBlocksBytes and MaxCommitOps). An event over them is dropped by
-// the relay, so it is never sent as stored.
-const (
-	relayMaxBlocksBytes = 2_000_000
-	relayMaxOps         = 200
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // errNoCommitBlock means a stored event's CAR lacks the block of its first
@@ -25,17 +19,18 @@ const (
 var errNoCommitBlock = errors.New("commit block not found in event blocks")
 
 // Oversized reports whether ev must not go on the wire as stored: its frame
-// would exceed MaxFrameBytes, or its blocks or ops exceed what relays accept.
+// would exceed limits.MaxFrameBytes, or its blocks or ops exceed what relays
+// accept (relays drop such an event, so it is never sent as stored).
 // Such events (imported, legacy or repaired) are served as #sync.
 func Oversized(ev *Event) bool {
-	if ev.FrameSize() > MaxFrameBytes {
+	if ev.FrameSize() > limits.MaxFrameBytes {
 		return true
 	}
 	switch ev.Kind {
 	case KindCommit:
-		return ev.BlocksLen > relayMaxBlocksBytes || ev.OpsCount > relayMaxOps
+		return ev.BlocksLen > limits.MaxCommitBlocksBytes || ev.OpsCount > limits.MaxCommitOps
 	case KindSync:
-		return ev.BlocksLen > MaxSyncBlocksBytes
+		return ev.BlocksLen > limits.MaxSyncBlocksBytes
 	}
 	return false
 }

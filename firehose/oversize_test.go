@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -72,7 +73,7 @@ func TestOversizedCommitServedAsSync(t *testing.T) {
 			require.Equal(t, "#sync", big.kind)
 			require.Equal(t, did.String(), big.sync.Did)
 			require.Equal(t, got[1].commit.Rev, big.sync.Rev)
-			require.Less(t, len(big.sync.Blocks), firehose.MaxSyncBlocksBytes)
+			require.Less(t, len(big.sync.Blocks), limits.MaxSyncBlocksBytes)
 			commit, _, err := atrepo.LoadCommitFromCAR(context.Background(), bytes.NewReader(big.sync.Blocks))
 			require.NoError(t, err)
 			require.Equal(t, big.sync.Rev, commit.Rev)

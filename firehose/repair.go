@@ -12,6 +12,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // Firehose repair: the operations operators used to do by hand-editing the
@@ -102,20 +103,20 @@ func (l *Log) Inspect(ctx context.Context, f EventFilter) ([]EventInfo, error) {
 // problems names the protocol limits an event of this shape breaks.
 func problems(kind Kind, frame, blocks, ops int) []string {
 	var p []string
-	if frame > MaxFrameBytes {
-		p = append(p, fmt.Sprintf("frame is %d bytes; relays drop the connection above %d", frame, MaxFrameBytes))
+	if frame > limits.MaxFrameBytes {
+		p = append(p, fmt.Sprintf("frame is %d bytes; relays drop the connection above %d", frame, limits.MaxFrameBytes))
 	}
 	switch kind {
 	case KindCommit:
-		if blocks > relayMaxBlocksBytes {
-			p = append(p, fmt.Sprintf("blocks are %d bytes; relays drop commits above %d", blocks, relayMaxBlocksBytes))
+		if blocks > limits.MaxCommitBlocksBytes {
+			p = append(p, fmt.Sprintf("blocks are %d bytes; relays drop commits above %d", blocks, limits.MaxCommitBlocksBytes))
 		}
-		if ops > relayMaxOps {
-			p = append(p, fmt.Sprintf("%d ops; relays drop commits above %d", ops, relayMaxOps))
+		if ops > limits.MaxCommitOps {
+			p = append(p, fmt.Sprintf("%d ops; relays drop commits above %d", ops, limits.MaxCommitOps))
 		}
 	case KindSync:
-		if blocks > MaxSyncBlocksBytes {
-			p = append(p, fmt.Sprintf("#sync blocks are %d bytes; the lexicon allows %d", blocks, MaxSyncBlocksBytes))
+		if blocks > limits.MaxSyncBlocksBytes {
+			p = append(p, fmt.Sprintf("#sync blocks are %d bytes; the lexicon allows %d", blocks, limits.MaxSyncBlocksBytes))
 		}
 	}
 	return p

@@ -23,6 +23,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // The benchmarks run against a cluster on disk with fsync and
@@ -205,8 +206,8 @@ func BenchmarkExport100k(b *testing.B) {
 	bb := benchSetup(b, Config{})
 	ctx := context.Background()
 	did := bb.newRepo(b, 1)
-	for i := 0; i < 100_000; i += MaxCommitOps {
-		writes := make([]Write, MaxCommitOps)
+	for i := 0; i < 100_000; i += limits.MaxCommitOps {
+		writes := make([]Write, limits.MaxCommitOps)
 		for j := range writes {
 			writes[j] = create("app.bsky.feed.post", "", post(fmt.Sprintf("record %d with some text to look like a post", i+j)))
 		}

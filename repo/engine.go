@@ -26,6 +26,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/metrics"
 )
 
@@ -241,8 +242,8 @@ type preparedWrite struct {
 // prepare encodes records and checks every limit that does not need the
 // tree, before any lock is taken.
 func (e *Engine) prepare(writes []Write) ([]preparedWrite, error) {
-	if len(writes) < 1 || len(writes) > MaxCommitOps {
-		return nil, &LimitError{Limit: LimitCommitOps, Size: len(writes), Max: MaxCommitOps}
+	if len(writes) < 1 || len(writes) > limits.MaxCommitOps {
+		return nil, &LimitError{Limit: LimitCommitOps, Size: len(writes), Max: limits.MaxCommitOps}
 	}
 	out := make([]preparedWrite, len(writes))
 	seen := make(map[string]bool, len(writes))
@@ -300,7 +301,7 @@ func encodeRecord(path string, collection syntax.NSID, rec map[string]any) ([]by
 	if err != nil {
 		return nil, cid.Undef, fmt.Errorf("%w: %s cannot be encoded as DAG-CBOR: %v", ErrInvalidWrite, path, err)
 	}
-	if len(block) <= MaxRecordCBORBytes {
+	if len(block) <= limits.MaxRecordCBORBytes {
 		// Check the data model on the bytes that will be stored (no floats,
 		// valid blob and link shapes, depth and size bounds), whatever the
 		// caller built the map from.
@@ -308,11 +309,11 @@ func encodeRecord(path string, collection syntax.NSID, rec map[string]any) ([]by
 			return nil, cid.Undef, fmt.Errorf("%w: %s is not valid atproto data: %v", ErrInvalidWrite, path, err)
 		}
 	}
-	if len(block) > MaxRecordCBORBytes {
-		return nil, cid.Undef, &LimitError{Limit: LimitRecordCBOR, Path: path, Size: len(block), Max: MaxRecordCBORBytes}
+	if len(block) > limits.MaxRecordCBORBytes {
+		return nil, cid.Undef, &LimitError{Limit: LimitRecordCBOR, Path: path, Size: len(block), Max: limits.MaxRecordCBORBytes}
 	}
-	if len(block) > MaxCommitRecordBlockBytes {
-		return nil, cid.Undef, &LimitError{Limit: LimitRecordBlock, Path: path, Size: len(block), Max: MaxCommitRecordBlockBytes}
+	if len(block) > limits.MaxRecordBlockBytes {
+		return nil, cid.Undef, &LimitError{Limit: LimitRecordBlock, Path: path, Size: len(block), Max: limits.MaxRecordBlockBytes}
 	}
 	c, err := cidBuilder.Sum(block)
 	if err != nil {
@@ -674,9 +675,9 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		nodeData = append(nodeData, b.RawData())
 	}
 	carBytes := car.bytes()
-	if len(carBytes) > MaxCommitBlocksBytes {
+	if len(carBytes) > limits.MaxCommitBlocksBytes {
 		return nil, &LimitError{
-			Limit: LimitCommitBlocks, Size: len(carBytes), Max: MaxCommitBlocksBytes,
+			Limit: LimitCommitBlocks, Size: len(carBytes), Max: limits.MaxCommitBlocksBytes,
 			Detail: fmt.Sprintf("%d records totalling %s bytes", len(upserts), commas(recordBytes)),
 		}
 	}
@@ -697,8 +698,8 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	if err != nil {
 		return nil, err
 	}
-	if ev.FrameSize() > MaxFrameBytes {
-		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: MaxFrameBytes}
+	if ev.FrameSize() > limits.MaxFrameBytes {
+		return nil, &LimitError{Limit: LimitFrame, Size: ev.FrameSize(), Max: limits.MaxFrameBytes}
 	}
 
 	removed, newKids, err := st.removedNodes(oldData, diff)
