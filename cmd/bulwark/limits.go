@@ -41,7 +41,7 @@ func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *firehose.Sequenc
 		return nil, fmt.Errorf("rate limits: %w", err)
 	}
 	metrics.RegisterPool(pool)
-	metrics.RegisterBudget(p.budget)
+	metrics.RegisterBudget(func() metrics.BudgetStats { return metrics.BudgetStats(p.budget.Stats()) })
 	metrics.RegisterLimiters(p.limits.All()...)
 	if seq != nil {
 		seq.OnSequenced(func(lastSeq int64) { metrics.EventLogLastSeq.Set(float64(lastSeq)) })

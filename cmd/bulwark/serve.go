@@ -124,7 +124,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	metrics.RegisterExportSlots(srv.ExportSlots())
+	slots := srv.ExportSlots()
+	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())
 	svcCtx, stopServices := context.WithCancel(context.Background())
 	defer stopServices()
