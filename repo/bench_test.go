@@ -192,14 +192,6 @@ func BenchmarkCommit16Writers16Repos(b *testing.B) { runCommitBench(b, 16, 16, C
 
 func BenchmarkCommit8WritersOneRepo(b *testing.B) { runCommitBench(b, 8, 1, Config{}) }
 
-// BenchmarkCommit16Repos_GlobalLock is the simple design the sequencer
-// replaces: every commit takes one database-wide lock from its first write
-// to its commit (where it would take the next seq), so commits to different
-// repos queue behind each other's WAL flush.
-func BenchmarkCommit16Repos_GlobalLock(b *testing.B) {
-	runCommitBench(b, 16, 16, Config{globalLock: true})
-}
-
 // BenchmarkExport100k builds a 100,000-record repository and streams its
 // CAR, reporting the time of one export and the peak heap in use during it.
 func BenchmarkExport100k(b *testing.B) {
@@ -265,16 +257,6 @@ type countingWriter struct{ n int64 }
 func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
 
 var _ io.Writer = (*countingWriter)(nil)
-
-// The same commits with each statement sent on its own in the batch, not
-// as one bulwark_commit call: what the function saves.
-func BenchmarkCommitOneWriter_PerStatement(b *testing.B) {
-	runCommitBench(b, 1, 1, Config{perStatement: true})
-}
-
-func BenchmarkCommit16Writers16Repos_PerStatement(b *testing.B) {
-	runCommitBench(b, 16, 16, Config{perStatement: true})
-}
 
 // BenchmarkCommit16Writers16Repos_NoGroup stores every commit in its own
 // transaction: what group commit (group.go) saves.

@@ -36,27 +36,22 @@ var queriesSQL string
 var queries = db.MustParseQueries(queriesSQL)
 
 var (
-	qLockRoot         = queries.MustGet("LockRoot")
-	qInsertRoot       = queries.MustGet("InsertRoot")
-	qGetHead          = queries.MustGet("GetHead")
-	qLoadNodes        = queries.MustGet("LoadNodes")
-	qGetNode          = queries.MustGet("GetNode")
-	qInsertNodes      = queries.MustGet("InsertNodes")
-	qDeleteNodes      = queries.MustGet("DeleteNodes")
-	qUpsertRecords    = queries.MustGet("UpsertRecords")
-	qDeleteRecords    = queries.MustGet("DeleteRecords")
-	qGetRecord        = queries.MustGet("GetRecord")
-	qListRecordsAsc   = queries.MustGet("ListRecordsAsc")
-	qListRecordsDesc  = queries.MustGet("ListRecordsDesc")
-	qListCollections  = queries.MustGet("ListCollections")
-	qExportNodes      = queries.MustGet("ExportNodes")
-	qExportRecords    = queries.MustGet("ExportRecords")
-	qGetBlockByCID    = queries.MustGet("GetBlockByCID")
-	qCountRecords     = queries.MustGet("CountRecords")
-	qGlobalCommitLock = queries.MustGet("GlobalCommitLock")
-	qSwapRoot         = queries.MustGet("SwapRoot")
-	qCommit           = queries.MustGet("Commit")
-	qDeleteRepo       = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
+	qLockRoot        = queries.MustGet("LockRoot")
+	qInsertRoot      = queries.MustGet("InsertRoot")
+	qGetHead         = queries.MustGet("GetHead")
+	qLoadNodes       = queries.MustGet("LoadNodes")
+	qGetNode         = queries.MustGet("GetNode")
+	qInsertNodes     = queries.MustGet("InsertNodes")
+	qGetRecord       = queries.MustGet("GetRecord")
+	qListRecordsAsc  = queries.MustGet("ListRecordsAsc")
+	qListRecordsDesc = queries.MustGet("ListRecordsDesc")
+	qListCollections = queries.MustGet("ListCollections")
+	qExportNodes     = queries.MustGet("ExportNodes")
+	qExportRecords   = queries.MustGet("ExportRecords")
+	qGetBlockByCID   = queries.MustGet("GetBlockByCID")
+	qCountRecords    = queries.MustGet("CountRecords")
+	qCommit          = queries.MustGet("Commit")
+	qDeleteRepo      = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
 // KeySource gives the engine an account's repository signing key.
@@ -105,13 +100,6 @@ type Config struct {
 	CacheBytes int64
 	Logger     *slog.Logger
 
-	// globalLock makes every commit hold one database-wide lock from its
-	// first write to its commit: the simple alternative to the sequencer,
-	// kept only so the benchmarks can compare the two.
-	globalLock bool
-	// perStatement sends a commit's statements one by one in its batch
-	// instead of one bulwark_commit call, for the benchmarks' comparison.
-	perStatement bool
 	// groupLeaders is how many commit groups may be in flight at once
 	// (group.go); 0 means the default, negative turns grouping off.
 	groupLeaders int
@@ -138,15 +126,13 @@ type Engine struct {
 	writersMu sync.Mutex
 	writers   map[string]*writerQueue
 
-	globalLock   bool
-	perStatement bool
-	blobs        BlobTracker
-	pool         *pgxpool.Pool
-	keys         KeySource
-	waker        Waker
-	cache        *treeCache
-	clock        *syntax.TIDClock
-	log          *slog.Logger
+	blobs BlobTracker
+	pool  *pgxpool.Pool
+	keys  KeySource
+	waker Waker
+	cache *treeCache
+	clock *syntax.TIDClock
+	log   *slog.Logger
 }
 
 // New returns an engine over pool. waker may be nil.
@@ -161,17 +147,15 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 		cfg.groupLeaders = defaultGroupLeaders
 	}
 	return &Engine{
-		writers:      map[string]*writerQueue{},
-		globalLock:   cfg.globalLock,
-		perStatement: cfg.perStatement,
-		group:        groupCommitter{maxLeaders: cfg.groupLeaders},
-		blobs:        cfg.Blobs,
-		pool:         pool,
-		keys:         keys,
-		waker:        waker,
-		cache:        newTreeCache(cfg.CacheBytes),
-		clock:        syntax.NewTIDClock(0),
-		log:          cfg.Logger.With("component", "repo"),
+		writers: map[string]*writerQueue{},
+		group:   groupCommitter{maxLeaders: cfg.groupLeaders},
+		blobs:   cfg.Blobs,
+		pool:    pool,
+		keys:    keys,
+		waker:   waker,
+		cache:   newTreeCache(cfg.CacheBytes),
+		clock:   syntax.NewTIDClock(0),
+		log:     cfg.Logger.With("component", "repo"),
 	}
 }
 
@@ -776,33 +760,13 @@ type commitRows struct {
 	freshNodes bool
 }
 
-// queue adds the statements that store c to b, moving the repo's root from
-// commit old (the commit fails with SQLSTATE BW001 if the root is not
-// there). By default that is one call of bulwark_commit (migrations/00008),
-// which runs the statements server-side; Config.perStatement sends them one
-// by one instead (the benchmarks' comparison).
+// queue adds the statement that stores c to b, moving the repo's root from
+// commit old (the statement fails with db.ErrRootMoved if the root is not
+// there): one call of bulwark_commit, which runs every write server-side.
 func (e *Engine) queue(b *pgx.Batch, c *commitRows, old []byte) {
-	if e.globalLock {
-		b.Queue(qGlobalCommitLock)
-	}
-	if !e.perStatement {
-		b.Queue(qCommit, c.did, old, c.commitCID, c.commit, c.data, c.rev,
-			c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
-			string(c.ev.Kind), c.ev.RevArg(), c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount, c.freshNodes)
-		return
-	}
-	b.Queue(qSwapRoot, c.did, old, c.commitCID, c.commit, c.data, c.rev)
-	if len(c.rmNodes) > 0 {
-		b.Queue(qDeleteNodes, c.did, c.rmNodes)
-	}
-	b.Queue(qInsertNodes, c.did, c.nodeCIDs, c.rev, c.nodeData)
-	if len(c.delCols) > 0 {
-		b.Queue(qDeleteRecords, c.did, c.delCols, c.delRKeys)
-	}
-	if len(c.upCols) > 0 {
-		b.Queue(qUpsertRecords, c.did, c.rev, c.upCols, c.upRKeys, c.upCIDs, c.upData)
-	}
-	firehose.QueueAppend(b, c.ev)
+	b.Queue(qCommit, c.did, old, c.commitCID, c.commit, c.data, c.rev,
+		c.rmNodes, c.nodeCIDs, c.nodeData, c.delCols, c.delRKeys, c.upCols, c.upRKeys, c.upCIDs, c.upData,
+		string(c.ev.Kind), c.ev.RevArg(), c.ev.Body, c.ev.SeqOffset, c.ev.BlocksLen, c.ev.OpsCount, c.freshNodes)
 }
 
 // nextRev returns a TID above both the clock and the previous rev, so revs

@@ -74,7 +74,7 @@ type pendingCommit struct {
 // (itself included) should be stored in a group: a lone commit is sent at
 // once.
 func (e *Engine) useGroup(active int64) bool {
-	return active > 1 && e.group.maxLeaders > 0 && !e.perStatement && !e.globalLock
+	return active > 1 && e.group.maxLeaders > 0
 }
 
 // storeGrouped stores one commit (guard, rows, moving the root from old)

@@ -20,32 +20,6 @@ INSERT INTO repo_nodes (did, cid, rev, data)
 SELECT $1, t.cid, $3, t.data FROM unnest($2::bytea[], $4::bytea[]) AS t(cid, data)
 ON CONFLICT (did, cid) DO NOTHING;
 
--- name: DeleteNodes
--- Each key is looked up on its own (full primary key: always an index
--- probe) and the rows deleted by ctid. The obvious "did = $1 AND cid =
--- ANY($2)" or a join on unnest lets a generic plan use only did in the
--- index condition and filter every node of the repository.
-DELETE FROM repo_nodes
-WHERE ctid = ANY (ARRAY(
-    SELECT (SELECT n.ctid FROM repo_nodes n WHERE n.did = $1 AND n.cid = t.cid)
-    FROM unnest($2::bytea[]) AS t(cid)
-));
-
--- name: UpsertRecords
-INSERT INTO records (did, collection, rkey, cid, rev, data)
-SELECT $1, t.collection, t.rkey, t.cid, $2, t.data
-FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[]) AS t(collection, rkey, cid, data)
-ON CONFLICT (did, collection, rkey) DO UPDATE
-SET cid = excluded.cid, rev = excluded.rev, data = excluded.data;
-
--- name: DeleteRecords
--- Keyed lookups then delete by ctid, for the reason given at DeleteNodes.
-DELETE FROM records
-WHERE ctid = ANY (ARRAY(
-    SELECT (SELECT r.ctid FROM records r WHERE r.did = $1 AND r.collection = t.collection AND r.rkey = t.rkey)
-    FROM unnest($2::text[], $3::text[]) AS t(collection, rkey)
-));
-
 -- name: GetRecord
 SELECT cid, data FROM records WHERE did = $1 AND collection = $2 AND rkey = $3;
 
@@ -89,10 +63,6 @@ LIMIT 1;
 -- name: CountRecords
 SELECT count(*) FROM records WHERE did = $1;
 
--- name: GlobalCommitLock
--- Benchmark only: the serialise-everything alternative to the sequencer.
-SELECT pg_advisory_xact_lock(7431);
-
 -- name: DeleteRepoRecords
 DELETE FROM records WHERE did = $1;
 
@@ -106,8 +76,3 @@ DELETE FROM repo_roots WHERE did = $1;
 -- A whole commit in one statement: bulwark_commit (migrations/00008,
 -- 00010).
 SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22);
-
--- name: SwapRoot
--- Moves the root from commit $2 to $3 (taking the row lock), or raises
--- SQLSTATE BW001 when the repo's commit is not $2 (migrations/00007).
-SELECT bulwark_swap_root($1, $2, $3, $4, $5, $6);
