@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -310,7 +310,7 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 		if err != nil {
 			return err
 		}
-		if err := firehose.Append(ctx, tx, ev); err != nil {
+		if err := eventlog.Append(ctx, tx, ev); err != nil {
 			return err
 		}
 		sess, err = s.newSession(ctx, tx, did, nil)
@@ -363,11 +363,11 @@ func uniqueViolation(err error, handle syntax.Handle, email string) error {
 
 func appendIdentity(ctx context.Context, tx pgx.Tx, did syntax.DID, handle syntax.Handle) error {
 	h := handle.String()
-	ev, err := firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: syntax.DatetimeNow().String()})
+	ev, err := eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: syntax.DatetimeNow().String()})
 	if err != nil {
 		return err
 	}
-	return firehose.Append(ctx, tx, ev)
+	return eventlog.Append(ctx, tx, ev)
 }
 
 func appendAccount(ctx context.Context, tx pgx.Tx, did syntax.DID, status Status) error {
@@ -376,11 +376,11 @@ func appendAccount(ctx context.Context, tx pgx.Tx, did syntax.DID, status Status
 		st := string(status)
 		ev.Status = &st
 	}
-	enc, err := firehose.EncodeAccount(ev)
+	enc, err := eventlog.EncodeAccount(ev)
 	if err != nil {
 		return err
 	}
-	return firehose.Append(ctx, tx, enc)
+	return eventlog.Append(ctx, tx, enc)
 }
 
 // Get returns the account with did.
@@ -794,7 +794,7 @@ func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status, opts
 			if err != nil {
 				return err
 			}
-			if err := firehose.Append(ctx, tx, ev); err != nil {
+			if err := eventlog.Append(ctx, tx, ev); err != nil {
 				return err
 			}
 		}

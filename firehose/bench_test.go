@@ -23,6 +23,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -134,7 +135,7 @@ func fillLog(t testing.TB, fb *bundle, n int) int64 {
 		SELECT $1::bigint + g, did, kind, rev, body, seq_offset, blocks_len, ops_count
 		FROM events, generate_series(1, $2::bigint) g WHERE seq = $1`, last, n)
 	require.NoError(t, err)
-	_, err = firehose.RaiseSeq(ctx, fb.pool, last+int64(n))
+	_, err = eventlog.RaiseSeq(ctx, fb.pool, last+int64(n))
 	require.NoError(t, err)
 	_, err = fb.pool.Exec(ctx, "ANALYZE events")
 	require.NoError(t, err)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
@@ -21,11 +23,11 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 		StuckAfter: 3,
 		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 		// The log ends at seq 50.
-		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+		Inspect: func(_ context.Context, seq int64) (*eventlog.EventInfo, error) {
 			if seq > 50 {
 				return nil, nil
 			}
-			return &EventInfo{Seq: seq + 3, Kind: KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
+			return &eventlog.EventInfo{Seq: seq + 3, Kind: eventlog.KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
 		},
 		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
 	})
@@ -88,11 +90,11 @@ func TestHealthStuckBehindLaggingCursor(t *testing.T) {
 	h := NewHealth(HealthConfig{
 		StuckAfter: 3,
 		Logger:     slog.New(slog.DiscardHandler),
-		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+		Inspect: func(_ context.Context, seq int64) (*eventlog.EventInfo, error) {
 			if seq > 60 {
 				return nil, nil
 			}
-			ev := &EventInfo{Seq: seq, Kind: KindCommit, FrameBytes: 2_000}
+			ev := &eventlog.EventInfo{Seq: seq, Kind: eventlog.KindCommit, FrameBytes: 2_000}
 			if seq == bad {
 				ev.FrameBytes, ev.Problems = 5_100_000, []string{"frame over 5,000,000 bytes"}
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/multiformats/go-multihash"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -36,12 +37,12 @@ func padBlocks(t *testing.T, blocks []byte, size int) []byte {
 
 // storeOversized stores a copy of a real #commit of did with its blocks
 // padded past the relay limit (but under cbor-gen's 2 MiB).
-func storeOversized(t *testing.T, b *bundle, ev firehose.Event) {
+func storeOversized(t *testing.T, b *bundle, ev eventlog.Event) {
 	t.Helper()
 	var c comatproto.SyncSubscribeRepos_Commit
 	require.NoError(t, c.UnmarshalCBOR(bytes.NewReader(ev.Body)))
 	c.Blocks = padBlocks(t, c.Blocks, 2_050_000)
-	enc, err := firehose.EncodeCommit(&c)
+	enc, err := eventlog.EncodeCommit(&c)
 	require.NoError(t, err)
 	require.Greater(t, enc.BlocksLen, 2_000_000)
 	b.appendEvent(t, enc)

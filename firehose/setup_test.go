@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
@@ -74,9 +75,9 @@ type bundle struct {
 	queries *queryCounter
 	engine  *repo.Engine
 	keys    *repotest.Keys
-	seq     *firehose.Sequencer
+	seq     *eventlog.Sequencer
 	hub     *firehose.Hub
-	log     *firehose.Log
+	log     *eventlog.Log
 	wsURL   string
 }
 
@@ -109,7 +110,7 @@ func setup(t testing.TB, o options) *bundle {
 	if o.hub.Logger == nil {
 		o.hub.Logger = quietLogger
 	}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quietLogger})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quietLogger})
 	hub := firehose.NewHub(pool, o.hub)
 	seq.OnSequenced(hub.Notify)
 	b := &bundle{
@@ -120,7 +121,7 @@ func setup(t testing.TB, o options) *bundle {
 		keys:    o.keys,
 		seq:     seq,
 		hub:     hub,
-		log:     firehose.NewLog(pool),
+		log:     eventlog.NewLog(pool),
 	}
 	var wg sync.WaitGroup
 	if !o.noSequencer {
@@ -182,9 +183,9 @@ func (b *bundle) newRepo(t testing.TB) syntax.DID {
 }
 
 // appendEvent stores a non-repo event (#identity, #account) directly.
-func (b *bundle) appendEvent(t testing.TB, ev *firehose.Encoded) {
+func (b *bundle) appendEvent(t testing.TB, ev *eventlog.Encoded) {
 	t.Helper()
-	require.NoError(t, firehose.Append(context.Background(), b.pool, ev))
+	require.NoError(t, eventlog.Append(context.Background(), b.pool, ev))
 	b.seq.Wake()
 }
 
@@ -241,9 +242,9 @@ func (b *bundle) eventCount(t testing.TB) int64 {
 }
 
 // allEvents returns the whole sequenced log.
-func (b *bundle) allEvents(t testing.TB) []firehose.Event {
+func (b *bundle) allEvents(t testing.TB) []eventlog.Event {
 	t.Helper()
-	var all []firehose.Event
+	var all []eventlog.Event
 	var after int64
 	for {
 		page, err := b.log.After(context.Background(), after, 500)
@@ -349,7 +350,7 @@ func readUntil(t testing.TB, conn *websocket.Conn, last int64) []*frame {
 }
 
 // requireSeqs checks frames carry exactly the seqs of want, in order.
-func requireSeqs(t testing.TB, want []firehose.Event, got []*frame) {
+func requireSeqs(t testing.TB, want []eventlog.Event, got []*frame) {
 	t.Helper()
 	ws := make([]int64, len(want))
 	for i, ev := range want {

@@ -5,7 +5,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -20,20 +19,8 @@ import (
 	cbg "github.com/whyrusleeping/cbor-gen"
 
 	"github.com/bulwark-pds/bulwark/budget"
-	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/priority"
-)
-
-//go:embed stream.sql
-var streamSQL string
-
-var streamQueries = db.MustParseQueries(streamSQL)
-
-var (
-	qEventsAfterBounded = streamQueries.MustGet("EventsAfterBounded")
-	qPruneEvents        = streamQueries.MustGet("PruneEvents")
-	qListenSequenced    = streamQueries.MustGet("ListenSequenced")
-	qOldestSeq          = streamQueries.MustGet("OldestSeq")
 )
 
 // Error-frame names of com.atproto.sync.subscribeRepos.
@@ -47,12 +34,9 @@ const (
 
 const outdatedMessage = "cursor is older than the replay window; replaying the whole window"
 
-// DefaultRetention is how long events are replayable unless configured.
-const DefaultRetention = 72 * time.Hour
-
 // Config tunes a Hub. The zero value works.
 type Config struct {
-	// Retention is the replay window (default DefaultRetention). Older
+	// Retention is the replay window (default eventlog.DefaultRetention). Older
 	// cursors get #info OutdatedCursor and the whole window.
 	Retention time.Duration
 	// PageEvents and PageBytes bound one backfill read (default 100
@@ -95,7 +79,7 @@ type Config struct {
 
 func (c *Config) defaults() {
 	if c.Retention <= 0 {
-		c.Retention = DefaultRetention
+		c.Retention = eventlog.DefaultRetention
 	}
 	if c.PageEvents <= 0 {
 		c.PageEvents = 100
@@ -139,7 +123,7 @@ const (
 // pace the subscriber's socket takes it.
 type Hub struct {
 	pool   *pgxpool.Pool
-	log    *Log
+	log    *eventlog.Log
 	cfg    Config
 	logger *slog.Logger
 
@@ -159,7 +143,7 @@ func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
 	cfg.defaults()
 	return &Hub{
 		pool:     pool,
-		log:      NewLog(pool),
+		log:      eventlog.NewLog(pool),
 		cfg:      cfg,
 		logger:   cfg.Logger.With("component", "firehose"),
 		wake:     make(chan struct{}, 1),
@@ -234,7 +218,7 @@ func (h *Hub) Run(ctx context.Context) error {
 // over a connection of its own (a LISTEN needs one session for good).
 func (h *Hub) listen(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := h.listenOnce(ctx)
+		err := h.log.WatchSequenced(ctx, func() { h.Notify(0) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -244,28 +228,6 @@ func (h *Hub) listen(ctx context.Context) {
 			return
 		case <-time.After(time.Second):
 		}
-	}
-}
-
-func (h *Hub) listenOnce(ctx context.Context) error {
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// Hijack so the LISTEN session never returns to the pool.
-	pc := conn.Hijack()
-	defer pc.Close(context.WithoutCancel(ctx))
-	if _, err := pc.Exec(ctx, qListenSequenced); err != nil {
-		return err
-	}
-	// Anything sequenced before the LISTEN took effect is found by this
-	// wake-up's read.
-	h.Notify(0)
-	for {
-		if _, err := pc.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		h.Notify(0)
 	}
 }
 
@@ -319,8 +281,8 @@ func (h *Hub) deliver(ctx context.Context) error {
 }
 
 // after reads a bounded page of events with seq > after.
-func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]Event, error) {
-	return readEvents(ctx, h.pool, after, qEventsAfterBounded, after, limit, maxBytes)
+func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]eventlog.Event, error) {
+	return h.log.Page(ctx, after, limit, maxBytes)
 }
 
 // frame encodes ev's wire frame, appending to dst; an oversized event
@@ -328,11 +290,11 @@ func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]Ev
 // logged and skipped: never sent oversized). The replacement is logged at
 // level: a warning when it goes live (once per event), debug on backfill,
 // where every reconnecting consumer would log it again.
-func (h *Hub) frame(ev *Event, dst []byte, level slog.Level) ([]byte, error) {
-	if !Oversized(ev) || h.cfg.DisableOversizeSync {
-		return AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), nil
+func (h *Hub) frame(ev *eventlog.Event, dst []byte, level slog.Level) ([]byte, error) {
+	if !eventlog.Oversized(ev) || h.cfg.DisableOversizeSync {
+		return eventlog.AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), nil
 	}
-	data, err := syncFrame(ev)
+	data, err := eventlog.SyncFrame(ev)
 	if err != nil {
 		h.logger.Error("oversized event cannot be sent as #sync; skipping it",
 			"seq", ev.Seq, "did", ev.DID, "kind", ev.Kind, "frame_bytes", ev.FrameSize(), "err", err)
@@ -341,15 +303,6 @@ func (h *Hub) frame(ev *Event, dst []byte, level slog.Level) ([]byte, error) {
 	h.logger.Log(context.Background(), level, "oversized event sent as #sync", "seq", ev.Seq, "did", ev.DID,
 		"kind", ev.Kind, "frame_bytes", ev.FrameSize(), "blocks_bytes", ev.BlocksLen, "ops", ev.OpsCount)
 	return data, nil
-}
-
-// oldestSeq returns the lowest seq still in the log (an index-only read).
-func (h *Hub) oldestSeq(ctx context.Context) (int64, error) {
-	var seq int64
-	if err := h.pool.QueryRow(ctx, qOldestSeq).Scan(&seq); err != nil {
-		return 0, fmt.Errorf("reading oldest seq: %w", db.Translate(err))
-	}
-	return seq, nil
 }
 
 // Close ends every subscription and refuses new ones. Run calls it when its
@@ -686,7 +639,7 @@ func (s *session) resolve(ctx context.Context, cursor int64) (int64, error) {
 	windowStart := time.Now().Add(-h.cfg.Retention)
 	if cursor > 0 {
 		got, at, err := h.log.CursorPoint(ctx, cursor)
-		if errors.Is(err, ErrNoEvent) {
+		if errors.Is(err, eventlog.ErrNoEvent) {
 			if cursor < last {
 				// Everything after the cursor was pruned: the window is
 				// empty, so the stream goes on live from the end.
@@ -705,7 +658,7 @@ func (s *session) resolve(ctx context.Context, cursor int64) (int64, error) {
 			// The cursor's own event is gone. Seqs have no gaps but what
 			// pruning leaves (and a RaiseSeq jump), so a cursor below the
 			// oldest event left is one the window has moved past.
-			oldest, err := h.oldestSeq(ctx)
+			oldest, err := h.log.OldestSeq(ctx)
 			if err != nil {
 				return -1, err
 			}
@@ -719,7 +672,7 @@ func (s *session) resolve(ctx context.Context, cursor int64) (int64, error) {
 		}
 	}
 	first, err := h.log.FirstSeqSince(ctx, windowStart)
-	if errors.Is(err, ErrNoEvent) {
+	if errors.Is(err, eventlog.ErrNoEvent) {
 		return last, nil
 	}
 	if err != nil {
@@ -773,7 +726,7 @@ func (s *session) backfill(ctx context.Context, done func() bool, until int64) e
 var errPageDone = errors.New("backfill reached its bound")
 
 // pageBytes is the memory a page of events holds.
-func pageBytes(page []Event) int64 {
+func pageBytes(page []eventlog.Event) int64 {
 	var n int64
 	for i := range page {
 		n += int64(len(page[i].Body))
@@ -800,7 +753,7 @@ func (h *Hub) reserve(ctx context.Context) (*budget.Reservation, error) {
 
 // sendPage writes a page's frames, one at a time, each encoded only once
 // the previous one was written.
-func (s *session) sendPage(ctx context.Context, page []Event, until int64) error {
+func (s *session) sendPage(ctx context.Context, page []eventlog.Event, until int64) error {
 	for i := range page {
 		ev := &page[i]
 		if until > 0 && ev.Seq > until {
@@ -818,7 +771,7 @@ func (s *session) sendPage(ctx context.Context, page []Event, until int64) error
 			s.keepBuf(data)
 		}
 		s.cur = ev.Seq
-		page[i] = Event{} // let the body go before the next write
+		page[i] = eventlog.Event{} // let the body go before the next write
 	}
 	return nil
 }
@@ -1020,12 +973,14 @@ func errorFrame(name, msg string) []byte {
 	return buf.Bytes()
 }
 
-var errorHeader = encodeHeader(-1, "")
+var errorHeader = eventlog.FrameHeader(-1, "")
+
+var infoHeader = eventlog.FrameHeader(1, "#info")
 
 // infoFrame encodes an #info frame.
 func infoFrame(name, msg string) []byte {
 	var buf bytes.Buffer
-	buf.Write(headerBytes["info"])
+	buf.Write(infoHeader)
 	_ = (&comatproto.SyncSubscribeRepos_Info{Name: name, Message: &msg}).MarshalCBOR(&buf)
 	return buf.Bytes()
 }

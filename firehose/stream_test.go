@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/priority"
 )
@@ -103,13 +104,13 @@ func TestIndigoConsumerConcurrentWriters(t *testing.T) {
 	}
 	// Account lifecycle events from another writer, interleaved.
 	extra := b.newRepo(t)
-	b.appendEvent(t, mustEncode(firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{
+	b.appendEvent(t, mustEncode(eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{
 		Did: extra.String(), Handle: ptr("new.test"), Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
 		Did: extra.String(), Active: false, Status: ptr("deactivated"), Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
 		Did: extra.String(), Active: true, Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
 		Did: extra.String(), Active: false, Status: ptr("deleted"), Time: syntax.DatetimeNow().String()})))
 	wg.Wait()
 
@@ -152,7 +153,7 @@ func TestIndigoConsumerConcurrentWriters(t *testing.T) {
 	}
 }
 
-func mustEncode(ev *firehose.Encoded, err error) *firehose.Encoded {
+func mustEncode(ev *eventlog.Encoded, err error) *eventlog.Encoded {
 	if err != nil {
 		panic(err)
 	}
@@ -294,7 +295,7 @@ func TestHandoverDuringBurst(t *testing.T) {
 	all := b.allEvents(t)
 	for i, conn := range conns {
 		got := readUntil(t, conn, last)
-		var exp []firehose.Event
+		var exp []eventlog.Event
 		for _, ev := range all {
 			if ev.Seq > cursors[i] {
 				exp = append(exp, ev)

@@ -22,7 +22,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/limits"
 )
 
@@ -53,7 +53,7 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	if v := os.Getenv("BENCH_GATHER"); v != "" {
 		gather, _ = time.ParseDuration(v)
 	}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Gather: gather})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Gather: gather})
 	bctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	seqDone := make(chan struct{})
@@ -65,7 +65,7 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	if os.Getenv("BENCH_NOWAKE") != "" {
 		waker = nil
 	}
-	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool),
+	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: eventlog.NewLog(pool),
 		stopSeq: func() { cancel(); <-seqDone }}
 }
 

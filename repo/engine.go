@@ -24,8 +24,8 @@ import (
 	"github.com/multiformats/go-multihash"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
-	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/metrics"
 )
@@ -80,15 +80,7 @@ type RecordBlobs struct {
 // record the commit touched; an error (for example a reference to a blob the
 // account never uploaded) aborts the whole commit.
 type BlobTracker interface {
-	TrackTx(ctx context.Context, tx DBTX, did syntax.DID, rev string, changes []RecordBlobs) error
-}
-
-// DBTX is what code running inside a commit's transaction may use: a
-// pgx.Tx, or the connection the engine drives its transaction on.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	TrackTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev string, changes []RecordBlobs) error
 }
 
 // Config tunes the engine. The zero value works.
@@ -668,7 +660,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 
 	since := oldRev
 	prevData := lexutil.LexLink(oldData)
-	ev, err := firehose.EncodeCommit(&comatproto.SyncSubscribeRepos_Commit{
+	ev, err := eventlog.EncodeCommit(&comatproto.SyncSubscribeRepos_Commit{
 		Repo:     did.String(),
 		Commit:   lexutil.LexLink(commitCID),
 		Rev:      rev,
@@ -753,7 +745,7 @@ type commitRows struct {
 	delCols, delRKeys       []string
 	upCols, upRKeys         []string
 	upCIDs, upData          [][]byte
-	ev                      *firehose.Encoded
+	ev                      *eventlog.Encoded
 	// freshNodes: nodeCIDs are known not to be stored (the plan was made
 	// from the cached tree of the root the commit moves from), so they are
 	// inserted without ON CONFLICT.
@@ -785,7 +777,7 @@ func (e *Engine) nextRev(prev string) string {
 
 // loadState returns did's tree at data: from the cache when it holds that
 // exact root, otherwise from Postgres in one query.
-func (e *Engine) loadState(ctx context.Context, q DBTX, did string, data cid.Cid) (*repoState, error) {
+func (e *Engine) loadState(ctx context.Context, q db.DBTX, did string, data cid.Cid) (*repoState, error) {
 	if st := e.cache.take(did, data); st != nil {
 		return st, nil
 	}
@@ -937,7 +929,7 @@ func cidString(c *cid.Cid) string {
 // InitRepo creates did's empty repository with a signed genesis commit,
 // inside tx (the account's creation transaction). It appends no event: the
 // caller emits #identity, #account and #sync in the order it wants.
-func (e *Engine) InitRepo(ctx context.Context, tx pgx.Tx, did syntax.DID, key atcrypto.PrivateKey) (*Head, error) {
+func (e *Engine) InitRepo(ctx context.Context, tx db.DBTX, did syntax.DID, key atcrypto.PrivateKey) (*Head, error) {
 	tree := mst.NewEmptyTree()
 	diff := newDiffCollector()
 	root, err := tree.WriteDiffBlocks(ctx, diff)
@@ -974,7 +966,7 @@ func (e *Engine) InitRepo(ctx context.Context, tx pgx.Tx, did syntax.DID, key at
 // DeleteRepoTx removes did's repository (records, MST nodes, root) inside
 // tx, the account deletion's transaction, and drops its cached tree. Events
 // stay in the log until they age out.
-func (e *Engine) DeleteRepoTx(ctx context.Context, tx pgx.Tx, did syntax.DID) error {
+func (e *Engine) DeleteRepoTx(ctx context.Context, tx db.DBTX, did syntax.DID) error {
 	if _, err := tx.Exec(ctx, qLockRoot, did.String()); err != nil {
 		return fmt.Errorf("locking repo root: %w", db.Translate(err))
 	}
@@ -987,18 +979,12 @@ func (e *Engine) DeleteRepoTx(ctx context.Context, tx pgx.Tx, did syntax.DID) er
 	return nil
 }
 
-// Querier is what reads need from a pool or a transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // GetHead returns did's current commit.
 func (e *Engine) GetHead(ctx context.Context, did syntax.DID) (*Head, error) {
 	return getHead(ctx, e.pool, did)
 }
 
-func getHead(ctx context.Context, q Querier, did syntax.DID) (*Head, error) {
+func getHead(ctx context.Context, q db.DBTX, did syntax.DID) (*Head, error) {
 	var h Head
 	var commitRaw, dataRaw []byte
 	err := q.QueryRow(ctx, qGetHead, did.String()).Scan(&commitRaw, &h.CommitBytes, &dataRaw, &h.Rev)
@@ -1020,20 +1006,20 @@ func getHead(ctx context.Context, q Querier, did syntax.DID) (*Head, error) {
 // SyncEvent builds a #sync event for did's current commit (account creation,
 // activation, import, repair), read through q so a caller's transaction sees
 // its own writes.
-func (e *Engine) SyncEvent(ctx context.Context, q Querier, did syntax.DID) (*firehose.Encoded, error) {
+func (e *Engine) SyncEvent(ctx context.Context, q db.DBTX, did syntax.DID) (*eventlog.Encoded, error) {
 	return SyncEvent(ctx, q, did)
 }
 
 // SyncEvent is Engine.SyncEvent for callers without an engine (admin
 // repair): it needs only the database.
-func SyncEvent(ctx context.Context, q Querier, did syntax.DID) (*firehose.Encoded, error) {
+func SyncEvent(ctx context.Context, q db.DBTX, did syntax.DID) (*eventlog.Encoded, error) {
 	h, err := getHead(ctx, q, did)
 	if err != nil {
 		return nil, err
 	}
 	car := newCARBuilder(h.Commit)
 	car.add(h.Commit, h.CommitBytes)
-	return firehose.EncodeSync(&comatproto.SyncSubscribeRepos_Sync{
+	return eventlog.EncodeSync(&comatproto.SyncSubscribeRepos_Sync{
 		Did:    did.String(),
 		Rev:    h.Rev,
 		Blocks: car.bytes(),

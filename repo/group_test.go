@@ -13,7 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/metrics"
 )
 
@@ -170,7 +170,7 @@ func TestGroupLen(t *testing.T) {
 	queue := func(sizes ...int) []*pendingCommit {
 		q := make([]*pendingCommit, len(sizes))
 		for i, n := range sizes {
-			q[i] = &pendingCommit{rows: &commitRows{ev: &firehose.Encoded{Body: make([]byte, n)}}}
+			q[i] = &pendingCommit{rows: &commitRows{ev: &eventlog.Encoded{Body: make([]byte, n)}}}
 		}
 		return q
 	}

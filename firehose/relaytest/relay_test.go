@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
@@ -45,7 +46,7 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 	pool := dbtest.New(t)
 
 	ks := repotest.NewKeys()
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quiet})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quiet})
 	hub := firehose.NewHub(pool, firehose.Config{Logger: quiet})
 	seq.OnSequenced(hub.Notify)
 	engine := repo.New(pool, ks, seq, repo.Config{Logger: quiet})
@@ -133,21 +134,21 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 			if _, err := engine.InitRepo(ctx, tx, did, key); err != nil {
 				return err
 			}
-			for _, ev := range []func() (*firehose.Encoded, error){
-				func() (*firehose.Encoded, error) {
+			for _, ev := range []func() (*eventlog.Encoded, error){
+				func() (*eventlog.Encoded, error) {
 					h := handle.String()
-					return firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: now()})
+					return eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: now()})
 				},
-				func() (*firehose.Encoded, error) {
-					return firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: did.String(), Active: true, Time: now()})
+				func() (*eventlog.Encoded, error) {
+					return eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: did.String(), Active: true, Time: now()})
 				},
-				func() (*firehose.Encoded, error) { return engine.SyncEvent(ctx, tx, did) },
+				func() (*eventlog.Encoded, error) { return engine.SyncEvent(ctx, tx, did) },
 			} {
 				enc, err := ev()
 				if err != nil {
 					return err
 				}
-				if err := firehose.Append(ctx, tx, enc); err != nil {
+				if err := eventlog.Append(ctx, tx, enc); err != nil {
 					return err
 				}
 			}
@@ -178,23 +179,23 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 	close(revs)
 
 	// Lifecycle: handle change, deactivate and reactivate, delete.
-	appendEv := func(enc *firehose.Encoded, err error) {
+	appendEv := func(enc *eventlog.Encoded, err error) {
 		require.NoError(t, err)
-		require.NoError(t, firehose.Append(ctx, pool, enc))
+		require.NoError(t, eventlog.Append(ctx, pool, enc))
 		seq.Wake()
 	}
 	newHandle := "renamed0.test"
-	appendEv(firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: dids[0].String(), Handle: &newHandle, Time: now()}))
+	appendEv(eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: dids[0].String(), Handle: &newHandle, Time: now()}))
 	deactivated, deleted := "deactivated", "deleted"
-	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: false, Status: &deactivated, Time: now()}))
-	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: true, Time: now()}))
+	appendEv(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: false, Status: &deactivated, Time: now()}))
+	appendEv(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[1].String(), Active: true, Time: now()}))
 	// A commit after reactivation must get through too.
 	res, err := engine.Apply(ctx, dids[1], []repo.Write{{
 		Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
 		Record: map[string]any{"$type": "app.bsky.feed.post", "text": "back", "createdAt": "2026-11-29T00:00:00Z"},
 	}}, nil)
 	require.NoError(t, err)
-	appendEv(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[2].String(), Active: false, Status: &deleted, Time: now()}))
+	appendEv(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{Did: dids[2].String(), Active: false, Status: &deleted, Time: now()}))
 
 	want := map[string]bool{dids[1].String() + " " + res.Rev: true}
 	for r := range revs {

@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"bytes"
@@ -35,12 +35,12 @@ func Oversized(ev *Event) bool {
 	return false
 }
 
-// syncFrame builds the #sync frame that replaces an oversized #commit or
+// SyncFrame builds the #sync frame that replaces an oversized #commit or
 // #sync: same seq, repo and rev, with a CAR holding only the signed commit
 // block, which tells consumers to re-fetch the repo with getRepo. The stored
 // body is read with the minimal reader of syncFromStored, since cbor-gen
 // refuses the byte strings over 2 MiB such events carry.
-func syncFrame(ev *Event) ([]byte, error) {
+func SyncFrame(ev *Event) ([]byte, error) {
 	body, err := syncFromStored(ev)
 	if err != nil {
 		return nil, err
