@@ -58,6 +58,9 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	b.Cleanup(cancel)
 	seqDone := make(chan struct{})
 	go func() { defer close(seqDone); _ = seq.Run(bctx) }()
+	if cfg.counters == nil {
+		cfg.counters = newCounters()
+	}
 	if v := os.Getenv("BENCH_GROUP_LEADERS"); v != "" && cfg.groupLeaders == 0 {
 		cfg.groupLeaders, _ = strconv.Atoi(v)
 	}
@@ -127,7 +130,7 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	cpu1 := sampleCPU(b)
 	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
 	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
-	b.ReportMetric(100*float64(bb.engine.groupedCommits.Load())/float64(b.N), "grouped-%")
+	b.ReportMetric(100*counterValue(b, bb.engine.counters.groupedCommits)/float64(b.N), "grouped-%")
 	if os.Getenv("BENCH_PG_STATS") != "" {
 		printStatementStats(b, bb.pool)
 	}

@@ -476,7 +476,7 @@ func TestTwoEnginesOneRepo(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, Config{})
 	did := b.newRepo(t, 1)
-	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{})}
+	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{counters: newCounters()})}
 	want := map[string]bool{}
 	for i := range 20 {
 		// Two writes in a row per engine: the second takes the fast path.
@@ -489,7 +489,7 @@ func TestTwoEnginesOneRepo(t *testing.T) {
 	require.Equal(t, 20, b.verifyChain(t, b.sequencedEvents(t))[did])
 	for i, e := range engines {
 		require.Positive(t, e.fastCommits.Load(), "engine %d never took the one-round-trip path", i)
-		require.Positive(t, e.staleRoots.Load(), "engine %d never had a stale root refused", i)
+		require.Positive(t, counterValue(t, e.counters.staleRoots), "engine %d never had a stale root refused", i)
 	}
 }
 
@@ -525,10 +525,10 @@ func TestStrayNodeSendsCommitToLockedPath(t *testing.T) {
 	// One of them comes back behind the engine's back.
 	_, err = b.pool.Exec(ctx, "INSERT INTO repo_nodes (did, cid, rev, data) VALUES ($1, $2, 'stray', $3)", did.String(), cids[0], data[0])
 	require.NoError(t, err)
-	stale := b.engine.staleRoots.Load()
+	stale := counterValue(t, b.engine.counters.staleRoots)
 	_, err = b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "b", rec)}, nil)
 	require.NoError(t, err)
-	require.Equal(t, stale+1, b.engine.staleRoots.Load(), "the one-round-trip commit was not refused")
+	require.Equal(t, stale+1, counterValue(t, b.engine.counters.staleRoots), "the one-round-trip commit was not refused")
 	checkFinalState(t, b, map[syntax.DID]map[string]bool{did: {"app.bsky.feed.post/a": true, "app.bsky.feed.post/b": true}})
 	require.Equal(t, 4, b.verifyChain(t, b.sequencedEvents(t))[did])
 }

@@ -73,6 +73,13 @@ DELETE FROM repo_nodes WHERE did = $1;
 DELETE FROM repo_roots WHERE did = $1;
 
 -- name: Commit
--- A whole commit in one statement: bulwark_commit (migrations/00008,
--- 00010).
-SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22);
+-- A whole commit in one statement: bulwark_commit (migrations/00010), its
+-- arguments named as the function declares them. commitParams.args gives
+-- them in this order.
+SELECT bulwark_commit(
+    p_did => $1, p_old => $2, p_commit => $3, p_commit_data => $4, p_data => $5, p_rev => $6,
+    p_rm_nodes => $7, p_node_cids => $8, p_node_data => $9,
+    p_del_cols => $10, p_del_rkeys => $11,
+    p_up_cols => $12, p_up_rkeys => $13, p_up_cids => $14, p_up_data => $15,
+    p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
+    p_fresh_nodes => $22);

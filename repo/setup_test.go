@@ -19,6 +19,7 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
@@ -53,8 +54,18 @@ type bundle struct {
 	stopSeq func()
 }
 
+// newCounters returns counters of an engine's own, registered nowhere, so
+// that a test reads what its engine did and nothing else.
+func newCounters() *counters {
+	c := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "test"}) }
+	return &counters{staleRoots: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c()}
+}
+
 func setup(t testing.TB, cfg Config) *bundle {
 	t.Helper()
+	if cfg.counters == nil {
+		cfg.counters = newCounters()
+	}
 	pool := dbtest.New(t)
 	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
 	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{})
