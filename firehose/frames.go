@@ -110,7 +110,9 @@ func appendFrameHeader(dst []byte, n int) []byte {
 // errorFrame encodes an error frame: header {op: -1} and body {error,
 // message}. Encoded by hand rather than with indigo's events.ErrorFrame:
 // importing indigo's events package here would keep this package out of
-// any binary that links the relay (INDIGO.md, trap 7).
+// any binary that links the relay (indigo's relay stream package, a fork of
+// events, registers the same Prometheus metric names: linking both panics
+// at init).
 func errorFrame(name, msg string) []byte {
 	var buf bytes.Buffer
 	buf.Write(errorHeader)

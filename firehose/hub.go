@@ -15,8 +15,8 @@ import (
 
 // Config tunes a Hub. The zero value works.
 type Config struct {
-	// Retention is the replay window (default eventlog.DefaultRetention). Older
-	// cursors get #info OutdatedCursor and the whole window.
+	// Retention is the replay window (default eventlog.DefaultRetention).
+	// Older cursors get #info OutdatedCursor and the whole window.
 	Retention time.Duration
 	// PageEvents and PageBytes bound one backfill read (default 100
 	// events, 1 MiB of bodies, always at least one event). A page is read
@@ -53,7 +53,8 @@ type Config struct {
 	// Priority, when set, is the server's writes-first gate: a backfilling
 	// subscriber yields to writes in flight before reading each page.
 	Priority *priority.Gate
-	Logger   *slog.Logger
+	// Logger receives the hub's logs (default slog.Default()).
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -101,7 +102,6 @@ const (
 // live subscriber; backfill is read per subscriber, a page at a time, at the
 // pace the subscriber's socket takes it.
 type Hub struct {
-	pool   *pgxpool.Pool
 	log    *eventlog.Log
 	cfg    Config
 	logger *slog.Logger
@@ -121,7 +121,6 @@ type Hub struct {
 func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
 	cfg.defaults()
 	return &Hub{
-		pool:   pool,
 		log:    eventlog.NewLog(pool),
 		cfg:    cfg,
 		logger: cfg.Logger.With("component", "firehose"),
