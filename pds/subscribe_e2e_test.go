@@ -21,6 +21,7 @@ import (
 	"github.com/bluesky-social/indigo/events/schedulers/sequential"
 	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
@@ -107,18 +108,8 @@ func TestSubscribeEndToEnd(t *testing.T) {
 	var want []int64
 	var readErr error
 	require.Eventually(t, func() bool {
-		// Pending first: once nothing is, every event written above is
-		// numbered and in the log read next (read the other way round,
-		// the sequencer could number the last one in between).
 		var pending int
-		if readErr = pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE seq IS NULL").Scan(&pending); readErr != nil {
-			return true
-		}
-		rows, err := pool.Query(ctx, "SELECT seq FROM events WHERE seq IS NOT NULL AND NOT invalidated ORDER BY seq")
-		if readErr = err; err != nil {
-			return true
-		}
-		want, readErr = pgx.CollectRows(rows, pgx.RowTo[int64])
+		want, pending, readErr = sequencedSeqs(ctx, pool)
 		if readErr != nil {
 			return true
 		}
@@ -181,4 +172,21 @@ func createPost(e *accountEnv, u *user, text string) error {
 		return fmt.Errorf("createRecord: %d %s", resp.StatusCode, b)
 	}
 	return nil
+}
+
+// sequencedSeqs returns the seqs of the log's valid events and how many
+// events are not sequenced yet. Pending is read first: once nothing is,
+// every event written before is numbered and in the log read next (read
+// the other way round, the sequencer could number the last one in between).
+func sequencedSeqs(ctx context.Context, pool *pgxpool.Pool) ([]int64, int, error) {
+	var pending int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE seq IS NULL").Scan(&pending); err != nil {
+		return nil, 0, err
+	}
+	rows, err := pool.Query(ctx, "SELECT seq FROM events WHERE seq IS NOT NULL AND NOT invalidated ORDER BY seq")
+	if err != nil {
+		return nil, 0, err
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	return seqs, pending, err
 }
