@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/db"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -180,7 +180,7 @@ func (s *Service) storeNew(ctx context.Context, tx pgx.Tx, did syntax.DID, na *n
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := firehose.Append(ctx, tx, ev); err != nil {
+	if err := eventlog.Append(ctx, tx, ev); err != nil {
 		return nil, nil, err
 	}
 	sess, err := s.newSession(ctx, tx, did, nil)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/db"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // The account lifecycle: handle changes, status changes and deletion, each
@@ -129,7 +129,7 @@ func (s *Service) storeStatus(ctx context.Context, tx db.DBTX, did syntax.DID, h
 	if err != nil {
 		return err
 	}
-	return firehose.Append(ctx, tx, ev)
+	return eventlog.Append(ctx, tx, ev)
 }
 
 // Delete removes did's account and repository for good, emitting #account
@@ -189,11 +189,11 @@ func lockAccount(ctx context.Context, tx db.DBTX, did syntax.DID) (syntax.Handle
 // appendIdentity appends did's #identity event inside tx.
 func appendIdentity(ctx context.Context, tx db.DBTX, did syntax.DID, handle syntax.Handle) error {
 	h := handle.String()
-	ev, err := firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: syntax.DatetimeNow().String()})
+	ev, err := eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: did.String(), Handle: &h, Time: syntax.DatetimeNow().String()})
 	if err != nil {
 		return err
 	}
-	return firehose.Append(ctx, tx, ev)
+	return eventlog.Append(ctx, tx, ev)
 }
 
 // appendAccount appends did's #account event, with status, inside tx.
@@ -203,9 +203,9 @@ func appendAccount(ctx context.Context, tx db.DBTX, did syntax.DID, status Statu
 		st := string(status)
 		ev.Status = &st
 	}
-	enc, err := firehose.EncodeAccount(ev)
+	enc, err := eventlog.EncodeAccount(ev)
 	if err != nil {
 		return err
 	}
-	return firehose.Append(ctx, tx, enc)
+	return eventlog.Append(ctx, tx, enc)
 }

@@ -276,7 +276,7 @@ func (s *Service) DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DI
 // permanent; a blob whose last reference this commit removed starts its
 // expiry clock again, so the collector deletes it after TempTTL (a grace
 // period for a post that is deleted and made again).
-func (s *Service) TrackTx(ctx context.Context, tx repo.DBTX, did syntax.DID, rev string, changes []repo.RecordBlobs) error {
+func (s *Service) TrackTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev string, changes []repo.RecordBlobs) error {
 	if len(changes) == 0 {
 		return nil
 	}

@@ -98,6 +98,11 @@ func TestTranslate(t *testing.T) {
 		require.NotErrorIs(t, err, db.ErrConflict, code)
 	}
 
+	moved := db.Translate(fmt.Errorf("commit: %w", &pgconn.PgError{Code: "BW001"}))
+	require.ErrorIs(t, moved, db.ErrRootMoved)
+	require.True(t, db.FromServer(moved), "a refused statement is the server's answer")
+	require.False(t, db.FromServer(fmt.Errorf("send: %w", io.ErrUnexpectedEOF)), "a broken connection is not")
+
 	require.NoError(t, db.Translate(nil))
 	other := errors.New("something else")
 	require.Same(t, other, db.Translate(other))

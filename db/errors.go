@@ -27,11 +27,15 @@ var (
 	// migrations/00009_session_guard.sql) aborted a write: the account is
 	// not active or the access token's session has ended.
 	ErrSessionRefused = errors.New("db: session refused")
+	// ErrRootMoved means a repository's root was not at the commit a write
+	// was built on (SQLSTATE BW001, raised by bulwark_commit): another
+	// writer moved it first, and nothing of the write was stored.
+	ErrRootMoved = errors.New("db: repository root moved")
 )
 
 // translated are the errors Translate returns wrapped; an error that
 // already wraps one of them has been translated.
-var translated = []error{ErrNotFound, ErrConflict, ErrSerialization, ErrInvalidText, ErrSessionRefused}
+var translated = []error{ErrNotFound, ErrConflict, ErrSerialization, ErrInvalidText, ErrSessionRefused, ErrRootMoved}
 
 // sqlStates maps the SQLSTATE codes Translate understands to their domain
 // error.
@@ -42,10 +46,11 @@ var sqlStates = map[string]error{
 	"22021": ErrInvalidText,    // character_not_in_repertoire (NUL, invalid UTF-8 in text)
 	"22P05": ErrInvalidText,    // untranslatable_character (\u0000 in jsonb)
 	"BW002": ErrSessionRefused, // raised by bulwark_refuse_session
+	"BW001": ErrRootMoved,      // raised by bulwark_commit
 }
 
 // Translate wraps err so that errors.Is(err, ErrNotFound / ErrConflict /
-// ErrSerialization / ErrInvalidText / ErrSessionRefused) works while the
+// ErrSerialization / ErrInvalidText / ErrSessionRefused / ErrRootMoved) works while the
 // driver error stays reachable (for its detail and constraint name). nil
 // stays nil; other errors come back unchanged, as do errors Translate has
 // already wrapped.
@@ -78,4 +83,13 @@ func ConstraintName(err error) string {
 		return pgErr.ConstraintName
 	}
 	return ""
+}
+
+// FromServer reports whether err is an answer from the Postgres server (a
+// statement it refused, which rolled its transaction back), as opposed to a
+// failure of the connection or of the client, after which whether the
+// transaction committed is unknown.
+func FromServer(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
 }

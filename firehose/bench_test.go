@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -23,6 +24,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -134,7 +136,7 @@ func fillLog(t testing.TB, fb *bundle, n int) int64 {
 		SELECT $1::bigint + g, did, kind, rev, body, seq_offset, blocks_len, ops_count
 		FROM events, generate_series(1, $2::bigint) g WHERE seq = $1`, last, n)
 	require.NoError(t, err)
-	_, err = firehose.RaiseSeq(ctx, fb.pool, last+int64(n))
+	_, err = eventlog.RaiseSeq(ctx, fb.pool, last+int64(n))
 	require.NoError(t, err)
 	_, err = fb.pool.Exec(ctx, "ANALYZE events")
 	require.NoError(t, err)
@@ -211,112 +213,170 @@ func BenchmarkFirehoseFanout(b *testing.B) {
 		}
 		first := fb.waitSequenced(b, repos)
 
-		type arrival struct {
-			seq int64
-			at  time.Time
-		}
-		arrivals := make([][]arrival, subs)
-		var wg sync.WaitGroup
 		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		maxSeen := make([]atomic.Int64, subs)
-		var failures atomic.Int64
-		// Clients read with a larger buffer than gorilla's default so that
-		// one read takes several frames: they share the server's CPUs.
-		dialer := &websocket.Dialer{ReadBufferSize: 32 << 10}
-		for i := range subs {
-			conn, _, err := dialer.Dial(fb.wsURL, nil)
-			require.NoError(b, err)
-			arrivals[i] = make([]arrival, 0, rate*int(dur/time.Second)+10)
-			wg.Go(func() {
-				defer conn.Close()
-				go func() { <-ctx.Done(); conn.Close() }()
-				buf := make([]byte, 4096)
-				for {
-					_, r, err := conn.NextReader()
-					if err != nil {
-						if ctx.Err() == nil {
-							failures.Add(1)
-						}
-						return
-					}
-					k, _ := io.ReadFull(r, buf)
-					s := seqOf(buf[:k])
-					arrivals[i] = append(arrivals[i], arrival{s, time.Now()})
-					maxSeen[i].Store(s)
-				}
-			})
-		}
+		readers := startFanoutReaders(b, ctx, fb, subs, rate*int(dur/time.Second)+10)
 		require.Eventually(b, func() bool { return fb.hub.Live() == subs }, 60*time.Second, 10*time.Millisecond)
-
-		var mu sync.Mutex
-		started := map[string]time.Time{} // did rev -> commit start
-		var writers sync.WaitGroup
-		interval := time.Second * repos / rate
-		deadline := time.Now().Add(dur)
-		for _, did := range dids {
-			writers.Go(func() {
-				tick := time.NewTicker(interval)
-				defer tick.Stop()
-				for time.Now().Before(deadline) {
-					<-tick.C
-					t0 := time.Now()
-					res := fb.write(b, did, "fanout")
-					mu.Lock()
-					started[did.String()+" "+res.Rev] = t0
-					mu.Unlock()
-				}
-			})
-		}
-		writers.Wait()
-		mu.Lock()
-		commits := int64(len(started))
-		mu.Unlock()
-		last := fb.waitSequenced(b, first+commits)
-		deadline = time.Now().Add(2 * time.Minute)
-		for i := 0; i < subs && time.Now().Before(deadline); {
-			if maxSeen[i].Load() >= last {
-				i++
-				continue
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		started := fanoutWrites(b, fb, dids, time.Second*repos/rate, dur)
+		last := fb.waitSequenced(b, first+int64(len(started)))
+		readers.waitReached(b, last, 2*time.Minute)
 		cancel()
-		wg.Wait()
+		readers.wg.Wait()
 
-		commitStart := map[int64]time.Time{}
-		rows, err := fb.pool.Query(context.Background(), "SELECT seq, did || ' ' || rev FROM events WHERE seq > $1 AND kind = 'commit'", first)
-		require.NoError(b, err)
-		for rows.Next() {
-			var s int64
-			var key string
-			require.NoError(b, rows.Scan(&s, &key))
-			commitStart[s] = started[key]
-		}
-		require.NoError(b, rows.Err())
-		var lat []time.Duration
-		incomplete := 0
-		for _, as := range arrivals {
-			n := 0
-			for _, a := range as {
-				if t0, ok := commitStart[a.seq]; ok {
-					lat = append(lat, a.at.Sub(t0))
-					n++
-				}
-			}
-			if n != len(commitStart) {
-				incomplete++
-			}
-		}
-		slices.Sort(lat)
+		commitStart := commitStarts(b, fb, first, started)
+		lat, incomplete := readers.latencies(commitStart)
 		pct := func(p float64) time.Duration { return lat[int(float64(len(lat)-1)*p)] }
 		b.ReportMetric(float64(pct(0.5).Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(pct(0.99).Microseconds())/1000, "p99-ms")
 		b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
 		b.Logf("%d subscribers, %d commits at %d/s: %d deliveries, %d subscribers missing some, %d dropped; commit-to-delivery p50 %s p99 %s max %s",
-			subs, len(commitStart), rate, len(lat), incomplete, failures.Load(), pct(0.5), pct(0.99), lat[len(lat)-1])
+			subs, len(commitStart), rate, len(lat), incomplete, readers.failures.Load(), pct(0.5), pct(0.99), lat[len(lat)-1])
 		require.Zero(b, incomplete, "every subscriber gets every commit")
 	}
+}
+
+// arrival is one frame's seq and when a reader got it.
+type arrival struct {
+	seq int64
+	at  time.Time
+}
+
+// fanoutReaders are live subscribers recording every frame's arrival.
+type fanoutReaders struct {
+	wg       sync.WaitGroup
+	arrivals [][]arrival
+	// maxSeen is each reader's highest seq; target is the seq each waits
+	// for, and reached[i] is closed once reader i has it.
+	maxSeen  []atomic.Int64
+	target   atomic.Int64
+	reached  []chan struct{}
+	failures atomic.Int64
+}
+
+// startFanoutReaders subscribes n readers, live, until ctx ends; each
+// expects about capacity frames.
+func startFanoutReaders(b *testing.B, ctx context.Context, fb *bundle, n, capacity int) *fanoutReaders {
+	r := &fanoutReaders{arrivals: make([][]arrival, n), maxSeen: make([]atomic.Int64, n), reached: make([]chan struct{}, n)}
+	r.target.Store(math.MaxInt64)
+	// Clients read with a larger buffer than gorilla's default so that
+	// one read takes several frames: they share the server's CPUs.
+	dialer := &websocket.Dialer{ReadBufferSize: 32 << 10}
+	for i := range n {
+		conn, _, err := dialer.Dial(fb.wsURL, nil)
+		require.NoError(b, err)
+		r.arrivals[i] = make([]arrival, 0, capacity)
+		r.reached[i] = make(chan struct{})
+		r.wg.Go(func() { r.read(ctx, i, conn) })
+	}
+	return r
+}
+
+// read records reader i's frames until ctx ends.
+func (r *fanoutReaders) read(ctx context.Context, i int, conn *websocket.Conn) {
+	defer conn.Close()
+	go func() { <-ctx.Done(); conn.Close() }()
+	buf := make([]byte, 4096)
+	signalled := false
+	for {
+		_, rd, err := conn.NextReader()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.failures.Add(1)
+			}
+			return
+		}
+		k, _ := io.ReadFull(rd, buf)
+		s := seqOf(buf[:k])
+		r.arrivals[i] = append(r.arrivals[i], arrival{s, time.Now()})
+		r.maxSeen[i].Store(s)
+		if !signalled && s >= r.target.Load() {
+			signalled = true
+			close(r.reached[i])
+		}
+	}
+}
+
+// waitReached waits, at most for timeout in all, until every reader has
+// seq last. A reader that got there before the target was set is seen by
+// its maxSeen; one that gets there after, by its reached channel.
+func (r *fanoutReaders) waitReached(b *testing.B, last int64, timeout time.Duration) {
+	r.target.Store(last)
+	deadline := time.After(timeout)
+	for i := range r.reached {
+		if r.maxSeen[i].Load() >= last {
+			continue
+		}
+		select {
+		case <-r.reached[i]:
+		case <-deadline:
+			b.Logf("reader %d did not get seq %d in time", i, last)
+			return
+		}
+	}
+}
+
+// latencies returns every commit's delivery delay to every reader, sorted,
+// and how many readers missed a commit.
+func (r *fanoutReaders) latencies(commitStart map[int64]time.Time) ([]time.Duration, int) {
+	var lat []time.Duration
+	incomplete := 0
+	for _, as := range r.arrivals {
+		n := 0
+		for _, a := range as {
+			if t0, ok := commitStart[a.seq]; ok {
+				lat = append(lat, a.at.Sub(t0))
+				n++
+			}
+		}
+		if n != len(commitStart) {
+			incomplete++
+		}
+	}
+	slices.Sort(lat)
+	return lat, incomplete
+}
+
+// fanoutWrites has each of dids commit every interval for dur and returns
+// when each commit started, by "did rev".
+func fanoutWrites(b *testing.B, fb *bundle, dids []syntax.DID, interval, dur time.Duration) map[string]time.Time {
+	var mu sync.Mutex
+	started := map[string]time.Time{}
+	var writers sync.WaitGroup
+	deadline := time.Now().Add(dur)
+	for _, did := range dids {
+		writers.Go(func() {
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for time.Now().Before(deadline) {
+				<-tick.C
+				t0 := time.Now()
+				res, err := fb.tryWrite(did, "fanout")
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				started[did.String()+" "+res.Rev] = t0
+				mu.Unlock()
+			}
+		})
+	}
+	writers.Wait()
+	return started
+}
+
+// commitStarts maps the seq of each #commit after first to when it started.
+func commitStarts(b *testing.B, fb *bundle, first int64, started map[string]time.Time) map[int64]time.Time {
+	commitStart := map[int64]time.Time{}
+	rows, err := fb.pool.Query(context.Background(), "SELECT seq, did || ' ' || rev FROM events WHERE seq > $1 AND kind = 'commit'", first)
+	require.NoError(b, err)
+	for rows.Next() {
+		var s int64
+		var key string
+		require.NoError(b, rows.Scan(&s, &key))
+		commitStart[s] = started[key]
+	}
+	require.NoError(b, rows.Err())
+	return commitStart
 }
 
 // BenchmarkFirehoseReconnectLoop replays the incident's load: nine clients

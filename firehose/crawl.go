@@ -28,7 +28,10 @@ type CrawlConfig struct {
 	Interval time.Duration
 	// Client makes the calls (default: a client with a 30s timeout).
 	Client *http.Client
+	// Logger receives failed calls (default slog.Default()).
 	Logger *slog.Logger
+	// Now tells the time the intervals are measured in (default time.Now).
+	Now func() time.Time
 }
 
 // CrawlNotifier asks relays to crawl this server after writes
@@ -53,6 +56,9 @@ func NewCrawlNotifier(cfg CrawlConfig) *CrawlNotifier {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &CrawlNotifier{
 		cfg:  cfg,
@@ -81,7 +87,7 @@ func (c *CrawlNotifier) Run(ctx context.Context) error {
 			return nil
 		case <-c.wake:
 		}
-		now := time.Now()
+		now := c.cfg.Now()
 		for _, u := range c.cfg.Crawlers {
 			c.mu.Lock()
 			due := now.Sub(c.last[u]) >= c.cfg.Interval

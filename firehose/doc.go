@@ -1,12 +1,22 @@
-// Package firehose owns Bulwark's event stream: the event log in Postgres,
-// the sequencer that gives committed events their public seq, frame encoding,
-// and (in later files) com.atproto.sync.subscribeRepos serving.
+// Package firehose serves com.atproto.sync.subscribeRepos: it streams the
+// event log (package eventlog) to relays and other consumers, and protects
+// the server from them.
 //
-// Events are appended inside the writer's transaction with no seq. The
-// Sequencer assigns seqs to committed events in batches, one Postgres
-// transaction per batch, serialised by the sequencer_state row lock; a reader
-// asking for "seq > cursor" therefore sees a prefix of the stream and can
-// never pass over an event that commits later (the bigserial trap described
-// in ARCHITECTURE.md), while writers to different repos never wait for each
-// other.
+// The Hub reads each newly sequenced event once, encodes its frame once and
+// hands the same bytes to every live subscription (hub.go, livequeue.go); a
+// subscription with a cursor backfills from the log a page at a time, at
+// the pace its socket takes the frames, then joins the live fan-out without
+// losing or repeating an event (subscription.go). Frames are written as
+// they are stored, except events over a protocol limit, which go out as
+// #sync (frames.go, eventlog.SyncFrame).
+//
+// Protection: Admission decides before the WebSocket upgrade, at the cost
+// of a map lookup, whether a client may subscribe (a per-client token
+// bucket, connection caps); backfill pages draw from the shared in-flight
+// byte budget and yield to writes in flight; Health notices a consumer that
+// keeps reconnecting at the same cursor and names the event it is stuck
+// on. CrawlNotifier asks relays to crawl the server after writes.
+//
+// Nothing below the HTTP layer depends on this package: the commit engine
+// and the account service append to the event log through eventlog alone.
 package firehose

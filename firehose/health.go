@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // Consumer health: the firehose remembers, per consumer (client IP plus
@@ -47,7 +49,7 @@ type HealthConfig struct {
 	MaxConsumers int
 	Logger       *slog.Logger
 	// Inspect describes the event at seq for the report (nil: seq only).
-	Inspect func(ctx context.Context, seq int64) (*EventInfo, error)
+	Inspect func(ctx context.Context, seq int64) (*eventlog.EventInfo, error)
 	// OnStuck is called once per incident (for metrics).
 	OnStuck func(ConsumerReport)
 }
@@ -73,12 +75,12 @@ type StuckInfo struct {
 	// the one it last finished, so the event after the cursor may be
 	// sound.) LastSent is the highest seq written to it in those
 	// connections.
-	Cursor     int64      `json:"cursor"`
-	Seq        int64      `json:"seq"`
-	LastSent   int64      `json:"lastSent,omitempty"`
-	Event      *EventInfo `json:"event,omitempty"`
-	Reconnects int        `json:"reconnects"`
-	Since      time.Time  `json:"since"`
+	Cursor     int64               `json:"cursor"`
+	Seq        int64               `json:"seq"`
+	LastSent   int64               `json:"lastSent,omitempty"`
+	Event      *eventlog.EventInfo `json:"event,omitempty"`
+	Reconnects int                 `json:"reconnects"`
+	Since      time.Time           `json:"since"`
 }
 
 // ConsumerReport is what the admin API shows of one consumer.
@@ -328,8 +330,8 @@ const locateWindow = 16
 
 // locate finds the event a stuck consumer cannot get past (see StuckInfo),
 // or nil when nothing follows its cursor.
-func (h *Health) locate(ctx context.Context, s *StuckInfo) (*EventInfo, error) {
-	var first, lastSent *EventInfo
+func (h *Health) locate(ctx context.Context, s *StuckInfo) (*eventlog.EventInfo, error) {
+	var first, lastSent *eventlog.EventInfo
 	seq := s.Cursor + 1
 	for range locateWindow {
 		ev, err := h.cfg.Inspect(ctx, seq)

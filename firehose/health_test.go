@@ -5,29 +5,29 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
-	var mu sync.Mutex
-	var stuck []ConsumerReport
+	stuck := make(chan ConsumerReport, 10)
 	h := NewHealth(HealthConfig{
 		StuckAfter: 3,
 		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
 		// The log ends at seq 50.
-		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+		Inspect: func(_ context.Context, seq int64) (*eventlog.EventInfo, error) {
 			if seq > 50 {
 				return nil, nil
 			}
-			return &EventInfo{Seq: seq + 3, Kind: KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
+			return &eventlog.EventInfo{Seq: seq + 3, Kind: eventlog.KindCommit, FrameBytes: 6_000_000, Problems: []string{"too big"}}, nil
 		},
-		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
+		OnStuck: func(r ConsumerReport) { stuck <- r },
 	})
 	cursor := int64(41)
 	connect := func(ip string, cur *int64, frames int) {
@@ -56,7 +56,10 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 	for range 5 {
 		connect("10.0.0.1", &cursor, 1)
 	}
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 && h.StuckCount() == 1 })
+	nextStuck(t, stuck)
+	// A consumer at the head is flagged until its own check (no
+	// announcement) finds nothing after its cursor.
+	require.Eventually(t, func() bool { return h.StuckCount() == 1 }, 10*time.Second, time.Millisecond)
 	r := findConsumer(h, "10.0.0.1")
 	require.NotNil(t, r.Stuck)
 	require.Equal(t, cursor, r.Stuck.Cursor)
@@ -83,22 +86,21 @@ func TestHealthFlagsStuckConsumerOnce(t *testing.T) {
 func TestHealthStuckBehindLaggingCursor(t *testing.T) {
 	t.Parallel()
 	const bad = 43
-	var mu sync.Mutex
-	var stuck []ConsumerReport
+	stuck := make(chan ConsumerReport, 10)
 	h := NewHealth(HealthConfig{
 		StuckAfter: 3,
 		Logger:     slog.New(slog.DiscardHandler),
-		Inspect: func(_ context.Context, seq int64) (*EventInfo, error) {
+		Inspect: func(_ context.Context, seq int64) (*eventlog.EventInfo, error) {
 			if seq > 60 {
 				return nil, nil
 			}
-			ev := &EventInfo{Seq: seq, Kind: KindCommit, FrameBytes: 2_000}
+			ev := &eventlog.EventInfo{Seq: seq, Kind: eventlog.KindCommit, FrameBytes: 2_000}
 			if seq == bad {
 				ev.FrameBytes, ev.Problems = 5_100_000, []string{"frame over 5,000,000 bytes"}
 			}
 			return ev, nil
 		},
-		OnStuck: func(r ConsumerReport) { mu.Lock(); stuck = append(stuck, r); mu.Unlock() },
+		OnStuck: func(r ConsumerReport) { stuck <- r },
 	})
 	cursor := int64(bad - 2)
 	for range 4 {
@@ -107,7 +109,7 @@ func TestHealthStuckBehindLaggingCursor(t *testing.T) {
 		c.Sent(bad) // written; the relay drops the connection on reading it
 		c.End(EndReadError)
 	}
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 1 })
+	nextStuck(t, stuck)
 	r := findConsumer(h, "10.0.0.9")
 	require.Equal(t, cursor, r.Stuck.Cursor)
 	require.Equal(t, int64(bad), r.Stuck.LastSent)
@@ -123,7 +125,8 @@ func TestHealthStuckBehindLaggingCursor(t *testing.T) {
 		c.Sent(22)
 		c.End(EndReadError)
 	}
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(stuck) == 2 })
+	nextStuck(t, stuck)
+	require.Empty(t, stuck, "one announcement per incident")
 	require.Equal(t, int64(22), findConsumer(h, "10.0.0.10").Stuck.Seq)
 }
 
@@ -152,15 +155,16 @@ func findConsumer(h *Health, ip string) ConsumerReport {
 	return ConsumerReport{}
 }
 
-// waitFor polls cond until it holds (the stuck announcement runs in its own
-// goroutine); the deadline only bounds a failing test.
-func waitFor(t *testing.T, cond func() bool) {
+// nextStuck waits for the next stuck announcement (it runs in a goroutine
+// of its own, after the tracker's state is updated); the deadline only
+// bounds a failing test.
+func nextStuck(t *testing.T, stuck chan ConsumerReport) ConsumerReport {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case r := <-stuck:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no consumer was announced stuck")
+		return ConsumerReport{}
 	}
 }

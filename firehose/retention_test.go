@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
@@ -29,7 +30,7 @@ func TestPrunerDeletesOnlyOldEvents(t *testing.T) {
 	_, err = b.pool.Exec(context.Background(), "UPDATE events SET created_at = now() - interval '100 hours' WHERE seq IS NULL")
 	require.NoError(t, err)
 
-	p := firehose.NewPruner(b.pool, firehose.PrunerConfig{BatchSize: 7, Logger: quietLogger})
+	p := eventlog.NewPruner(b.pool, eventlog.PrunerConfig{BatchSize: 7, Logger: quietLogger})
 	n, err := p.Prune(context.Background(), time.Now())
 	require.NoError(t, err)
 	require.Equal(t, int64(20), n)

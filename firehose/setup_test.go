@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
@@ -36,16 +37,24 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // quietLogger drops routine logs so test output stays readable.
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// queryCounter is a pgx tracer counting the statements a pool runs, so that
-// tests can tell how much database work a connection caused.
+// queryCounter is a pgx tracer recording the statements a pool runs, and
+// which of them subscriptions ran (their context carries subscriptionKey),
+// so that tests can tell how much database work a connection caused, apart
+// from what the hub does on its own.
 type queryCounter struct {
 	mu   sync.Mutex
 	sqls []string
+	mine []bool
 }
+
+// subscriptionKey marks the context of a subscription the test server
+// serves.
+type subscriptionKey struct{}
 
 func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	q.mu.Lock()
 	q.sqls = append(q.sqls, data.SQL)
+	q.mine = append(q.mine, ctx.Value(subscriptionKey{}) != nil)
 	q.mu.Unlock()
 	return ctx
 }
@@ -66,6 +75,59 @@ func (q *queryCounter) since(m int) []string {
 	return append([]string(nil), q.sqls[m:]...)
 }
 
+// subscriptionsSince returns the statements subscriptions ran after mark m.
+func (q *queryCounter) subscriptionsSince(m int) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []string
+	for i := m; i < len(q.sqls); i++ {
+		if q.mine[i] {
+			out = append(out, q.sqls[i])
+		}
+	}
+	return out
+}
+
+// seqWatch follows the last seq a sequencer assigned, so tests wait for
+// sequencing by event rather than by polling.
+type seqWatch struct {
+	mu      sync.Mutex
+	last    int64
+	changed chan struct{}
+}
+
+func newSeqWatch() *seqWatch { return &seqWatch{changed: make(chan struct{})} }
+
+// set is the sequencer's OnSequenced callback.
+func (w *seqWatch) set(last int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if last > w.last {
+		w.last = last
+		close(w.changed)
+		w.changed = make(chan struct{})
+	}
+}
+
+// wait returns the last seq once it is at least atLeast.
+func (w *seqWatch) wait(t testing.TB, atLeast int64) int64 {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		w.mu.Lock()
+		last, changed := w.last, w.changed
+		w.mu.Unlock()
+		if last >= atLeast {
+			return last
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("the sequencer reached seq %d, not %d", last, atLeast)
+		}
+	}
+}
+
 // bundle is one running "process": a pool, a repo engine, a sequencer and
 // a hub behind an httptest server.
 type bundle struct {
@@ -74,10 +136,14 @@ type bundle struct {
 	queries *queryCounter
 	engine  *repo.Engine
 	keys    *repotest.Keys
-	seq     *firehose.Sequencer
+	seq     *eventlog.Sequencer
 	hub     *firehose.Hub
-	log     *firehose.Log
+	log     *eventlog.Log
 	wsURL   string
+	// sequenced follows seq's batches; ended receives a value each time
+	// the server has finished serving a subscription.
+	sequenced *seqWatch
+	ended     chan struct{}
 }
 
 type options struct {
@@ -109,9 +175,11 @@ func setup(t testing.TB, o options) *bundle {
 	if o.hub.Logger == nil {
 		o.hub.Logger = quietLogger
 	}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quietLogger})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quietLogger})
 	hub := firehose.NewHub(pool, o.hub)
 	seq.OnSequenced(hub.Notify)
+	sequenced := newSeqWatch()
+	seq.OnSequenced(sequenced.set)
 	b := &bundle{
 		url:     o.dbURL,
 		pool:    pool,
@@ -120,18 +188,37 @@ func setup(t testing.TB, o options) *bundle {
 		keys:    o.keys,
 		seq:     seq,
 		hub:     hub,
-		log:     firehose.NewLog(pool),
+		log:     eventlog.NewLog(pool),
+
+		sequenced: sequenced,
+		ended:     make(chan struct{}, 1000),
 	}
 	var wg sync.WaitGroup
 	if !o.noSequencer {
 		wg.Go(func() { _ = seq.Run(ctx) })
 	}
 	wg.Go(func() { _ = hub.Run(ctx) })
+	srv := httptest.NewServer(b.subscribeHandler(hub, o.admission))
+	b.wsURL = "ws" + strings.TrimPrefix(srv.URL, "http") + "/xrpc/com.atproto.sync.subscribeRepos"
+	t.Cleanup(func() {
+		cancel()
+		srv.CloseClientConnections()
+		srv.Close()
+		wg.Wait()
+		pool.Close()
+	})
+	return b
+}
+
+// subscribeHandler serves subscribeRepos from hub, after admission when
+// one is given (keyed by the X-Forwarded-For header, standing for distinct
+// client addresses).
+func (b *bundle) subscribeHandler(hub *firehose.Hub, admission *firehose.Admission) http.Handler {
 	up := firehose.Upgrader()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if o.admission != nil {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if admission != nil {
 			ip, _ := netip.ParseAddr(r.Header.Get("X-Forwarded-For"))
-			tk, retry, err := o.admission.Admit(ip, time.Now())
+			tk, retry, err := admission.Admit(ip, time.Now())
 			if err != nil {
 				w.Header().Set("Retry-After", fmt.Sprint(int(retry.Seconds())+1))
 				http.Error(w, `{"error":"RateLimitExceeded"}`, http.StatusTooManyRequests)
@@ -157,17 +244,13 @@ func setup(t testing.TB, o options) *bundle {
 		if f := r.Header.Get("X-Forwarded-For"); f != "" {
 			ip = f
 		}
-		_ = hub.Serve(r.Context(), conn, cursor, firehose.Client{IP: ip, UserAgent: r.UserAgent()})
-	}))
-	b.wsURL = "ws" + strings.TrimPrefix(srv.URL, "http") + "/xrpc/com.atproto.sync.subscribeRepos"
-	t.Cleanup(func() {
-		cancel()
-		srv.CloseClientConnections()
-		srv.Close()
-		wg.Wait()
-		pool.Close()
+		ctx := context.WithValue(r.Context(), subscriptionKey{}, true)
+		_ = hub.Serve(ctx, conn, cursor, firehose.Client{IP: ip, UserAgent: r.UserAgent()})
+		select {
+		case b.ended <- struct{}{}:
+		default:
+		}
 	})
-	return b
 }
 
 var didSeq atomic.Int64
@@ -182,9 +265,9 @@ func (b *bundle) newRepo(t testing.TB) syntax.DID {
 }
 
 // appendEvent stores a non-repo event (#identity, #account) directly.
-func (b *bundle) appendEvent(t testing.TB, ev *firehose.Encoded) {
+func (b *bundle) appendEvent(t testing.TB, ev *eventlog.Encoded) {
 	t.Helper()
-	require.NoError(t, firehose.Append(context.Background(), b.pool, ev))
+	require.NoError(t, eventlog.Append(context.Background(), b.pool, ev))
 	b.seq.Wake()
 }
 
@@ -195,11 +278,17 @@ func post(text string) map[string]any {
 // write commits one post to did.
 func (b *bundle) write(t testing.TB, did syntax.DID, text string) *repo.CommitResult {
 	t.Helper()
-	res, err := b.engine.Apply(context.Background(), did, []repo.Write{{
-		Action: repo.ActionCreate, Collection: "app.bsky.feed.post", Record: post(text),
-	}}, nil)
+	res, err := b.tryWrite(did, text)
 	require.NoError(t, err)
 	return res
+}
+
+// tryWrite commits one post to did, for goroutines other than the test's
+// (which report an error with t.Error).
+func (b *bundle) tryWrite(did syntax.DID, text string) (*repo.CommitResult, error) {
+	return b.engine.Apply(context.Background(), did, []repo.Write{{
+		Action: repo.ActionCreate, Collection: "app.bsky.feed.post", Record: post(text),
+	}}, nil)
 }
 
 // sequenceAll numbers everything pending (for bundles without a running
@@ -219,17 +308,11 @@ func (b *bundle) sequenceAll(t testing.TB) int64 {
 	return last
 }
 
-// waitSequenced waits until the last seq reaches n (running sequencer).
+// waitSequenced waits until the bundle's running sequencer has numbered
+// events up to seq atLeast, and returns the last seq.
 func (b *bundle) waitSequenced(t testing.TB, atLeast int64) int64 {
 	t.Helper()
-	var last int64
-	require.Eventually(t, func() bool {
-		var err error
-		last, err = b.log.LastSeq(context.Background())
-		require.NoError(t, err)
-		return last >= atLeast
-	}, 30*time.Second, 5*time.Millisecond)
-	return last
+	return b.sequenced.wait(t, atLeast)
 }
 
 // pendingCount is the number of stored events.
@@ -241,9 +324,9 @@ func (b *bundle) eventCount(t testing.TB) int64 {
 }
 
 // allEvents returns the whole sequenced log.
-func (b *bundle) allEvents(t testing.TB) []firehose.Event {
+func (b *bundle) allEvents(t testing.TB) []eventlog.Event {
 	t.Helper()
-	var all []firehose.Event
+	var all []eventlog.Event
 	var after int64
 	for {
 		page, err := b.log.After(context.Background(), after, 500)
@@ -349,7 +432,7 @@ func readUntil(t testing.TB, conn *websocket.Conn, last int64) []*frame {
 }
 
 // requireSeqs checks frames carry exactly the seqs of want, in order.
-func requireSeqs(t testing.TB, want []firehose.Event, got []*frame) {
+func requireSeqs(t testing.TB, want []eventlog.Event, got []*frame) {
 	t.Helper()
 	ws := make([]int64, len(want))
 	for i, ev := range want {

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/priority"
 )
@@ -36,91 +37,21 @@ func TestIndigoConsumerConcurrentWriters(t *testing.T) {
 	}
 	b.waitSequenced(t, repos)
 
-	type result struct {
-		mu     sync.Mutex
-		seqs   []int64
-		errs   []error
-		counts map[string]int
-	}
-	consume := func(ctx context.Context, r *result) error {
-		conn, _, err := websocket.DefaultDialer.DialContext(ctx, b.wsURL, nil)
-		if err != nil {
-			return err
-		}
-		add := func(seq int64, kind string, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.seqs = append(r.seqs, seq)
-			r.counts[kind]++
-			if err != nil {
-				r.errs = append(r.errs, err)
-			}
-		}
-		cb := &events.RepoStreamCallbacks{
-			RepoCommit: func(c *comatproto.SyncSubscribeRepos_Commit) error {
-				_, err := verifyCommitErr(ctx, b, c)
-				add(c.Seq, "commit", err)
-				return nil
-			},
-			RepoSync: func(s *comatproto.SyncSubscribeRepos_Sync) error {
-				add(s.Seq, "sync", nil)
-				return nil
-			},
-			RepoIdentity: func(e *comatproto.SyncSubscribeRepos_Identity) error {
-				add(e.Seq, "identity", nil)
-				return nil
-			},
-			RepoAccount: func(e *comatproto.SyncSubscribeRepos_Account) error {
-				add(e.Seq, "account", nil)
-				return nil
-			},
-			Error: func(e *events.ErrorFrame) error {
-				add(0, "error", fmt.Errorf("error frame %s: %s", e.Error, e.Message))
-				return nil
-			},
-		}
-		sched := sequential.NewScheduler("test", cb.EventHandler)
-		return events.HandleRepoStream(ctx, conn, sched, quietLogger)
-	}
-
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	results := []*result{{counts: map[string]int{}}, {counts: map[string]int{}}}
+	consumers := []*indigoConsumer{newIndigoConsumer(), newIndigoConsumer()}
 	var cwg sync.WaitGroup
-	for _, r := range results {
-		cwg.Go(func() { _ = consume(ctx, r) })
+	for _, c := range consumers {
+		cwg.Go(func() { _ = c.consume(ctx, b) })
 	}
-	require.Eventually(t, func() bool { return b.hub.Live() == len(results) }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return b.hub.Live() == len(consumers) }, 10*time.Second, time.Millisecond)
 	start := b.waitSequenced(t, repos)
 
-	var wg sync.WaitGroup
-	for _, did := range dids {
-		wg.Go(func() {
-			for i := range perRepo {
-				b.write(t, did, fmt.Sprint("post ", i))
-			}
-		})
-	}
-	// Account lifecycle events from another writer, interleaved.
-	extra := b.newRepo(t)
-	b.appendEvent(t, mustEncode(firehose.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{
-		Did: extra.String(), Handle: ptr("new.test"), Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
-		Did: extra.String(), Active: false, Status: ptr("deactivated"), Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
-		Did: extra.String(), Active: true, Time: syntax.DatetimeNow().String()})))
-	b.appendEvent(t, mustEncode(firehose.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
-		Did: extra.String(), Active: false, Status: ptr("deleted"), Time: syntax.DatetimeNow().String()})))
-	wg.Wait()
-
+	writeConcurrently(t, b, dids, perRepo)
 	want := int64(repos + repos*perRepo + 1 + 4)
 	last := b.waitSequenced(t, want)
-	for _, r := range results {
-		require.Eventually(t, func() bool {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			return len(r.seqs) > 0 && r.seqs[len(r.seqs)-1] >= last
-		}, 30*time.Second, 10*time.Millisecond)
+	for _, c := range consumers {
+		c.waitFor(t, last)
 	}
 	cancel()
 	cwg.Wait()
@@ -131,28 +62,140 @@ func TestIndigoConsumerConcurrentWriters(t *testing.T) {
 			wantSeqs = append(wantSeqs, ev.Seq)
 		}
 	}
-	for _, r := range results {
-		r.mu.Lock()
-		require.Empty(t, r.errs)
-		// A live subscription may also see events sequenced just before it
-		// (not yet fanned out then); from start on it must see all of them.
-		var got []int64
-		for i, s := range r.seqs {
-			require.True(t, i == 0 || s > r.seqs[i-1], "seqs strictly increase")
-			if s > start {
-				got = append(got, s)
-			}
-		}
-		require.Equal(t, wantSeqs, got, "every event once, in order")
-		require.Equal(t, repos*perRepo, r.counts["commit"])
-		require.Equal(t, 1, r.counts["identity"])
-		require.Equal(t, 3, r.counts["account"])
-		require.GreaterOrEqual(t, r.counts["sync"], 1)
-		r.mu.Unlock()
+	for _, c := range consumers {
+		c.check(t, start, wantSeqs, repos*perRepo)
 	}
 }
 
-func mustEncode(ev *firehose.Encoded, err error) *firehose.Encoded {
+// writeConcurrently has each of dids write perRepo posts at once while
+// another account goes through its lifecycle (#identity, #account events).
+func writeConcurrently(t *testing.T, b *bundle, dids []syntax.DID, perRepo int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, did := range dids {
+		wg.Go(func() {
+			for i := range perRepo {
+				if _, err := b.tryWrite(did, fmt.Sprint("post ", i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	// Account lifecycle events from another writer, interleaved.
+	extra := b.newRepo(t)
+	b.appendEvent(t, mustEncode(eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{
+		Did: extra.String(), Handle: ptr("new.test"), Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: false, Status: ptr("deactivated"), Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: true, Time: syntax.DatetimeNow().String()})))
+	b.appendEvent(t, mustEncode(eventlog.EncodeAccount(&comatproto.SyncSubscribeRepos_Account{
+		Did: extra.String(), Active: false, Status: ptr("deleted"), Time: syntax.DatetimeNow().String()})))
+	wg.Wait()
+}
+
+// indigoConsumer is a live subscription read by indigo's consumer: the seqs
+// and kinds it received and the errors it met (a commit that did not
+// verify, an error frame).
+type indigoConsumer struct {
+	mu     sync.Mutex
+	seqs   []int64
+	errs   []error
+	counts map[string]int
+	// last is the highest seq received; grew is closed and replaced each
+	// time it grows.
+	last int64
+	grew chan struct{}
+}
+
+func newIndigoConsumer() *indigoConsumer {
+	return &indigoConsumer{counts: map[string]int{}, grew: make(chan struct{})}
+}
+
+func (c *indigoConsumer) add(seq int64, kind string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seqs = append(c.seqs, seq)
+	c.counts[kind]++
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+	if seq > c.last {
+		c.last = seq
+		close(c.grew)
+		c.grew = make(chan struct{})
+	}
+}
+
+// consume subscribes live to b's firehose and reads it with indigo's
+// stream handling until ctx ends.
+func (c *indigoConsumer) consume(ctx context.Context, b *bundle) error {
+	conn, _, err := websocket.DefaultDialer.DialContext(ctx, b.wsURL, nil)
+	if err != nil {
+		return err
+	}
+	cb := &events.RepoStreamCallbacks{
+		RepoCommit: func(e *comatproto.SyncSubscribeRepos_Commit) error {
+			_, err := verifyCommitErr(ctx, b, e)
+			c.add(e.Seq, "commit", err)
+			return nil
+		},
+		RepoSync:     func(e *comatproto.SyncSubscribeRepos_Sync) error { c.add(e.Seq, "sync", nil); return nil },
+		RepoIdentity: func(e *comatproto.SyncSubscribeRepos_Identity) error { c.add(e.Seq, "identity", nil); return nil },
+		RepoAccount:  func(e *comatproto.SyncSubscribeRepos_Account) error { c.add(e.Seq, "account", nil); return nil },
+		Error: func(e *events.ErrorFrame) error {
+			c.add(0, "error", fmt.Errorf("error frame %s: %s", e.Error, e.Message))
+			return nil
+		},
+	}
+	sched := sequential.NewScheduler("test", cb.EventHandler)
+	return events.HandleRepoStream(ctx, conn, sched, quietLogger)
+}
+
+// waitFor waits until the consumer has received seq last.
+func (c *indigoConsumer) waitFor(t *testing.T, last int64) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		c.mu.Lock()
+		got, grew := c.last, c.grew
+		c.mu.Unlock()
+		if got >= last {
+			return
+		}
+		select {
+		case <-grew:
+		case <-deadline:
+			t.Fatalf("the consumer got to seq %d, not %d", got, last)
+		}
+	}
+}
+
+// check compares what the consumer received with the log: no errors, seqs
+// strictly increasing, every event after start once, and the kinds.
+func (c *indigoConsumer) check(t *testing.T, start int64, wantSeqs []int64, commits int) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Empty(t, c.errs)
+	// A live subscription may also see events sequenced just before it
+	// (not yet fanned out then); from start on it must see all of them.
+	var got []int64
+	for i, s := range c.seqs {
+		require.True(t, i == 0 || s > c.seqs[i-1], "seqs strictly increase")
+		if s > start {
+			got = append(got, s)
+		}
+	}
+	require.Equal(t, wantSeqs, got, "every event once, in order")
+	require.Equal(t, commits, c.counts["commit"])
+	require.Equal(t, 1, c.counts["identity"])
+	require.Equal(t, 3, c.counts["account"])
+	require.GreaterOrEqual(t, c.counts["sync"], 1)
+}
+
+func mustEncode(ev *eventlog.Encoded, err error) *eventlog.Encoded {
 	if err != nil {
 		panic(err)
 	}
@@ -274,11 +317,18 @@ func TestHandoverDuringBurst(t *testing.T) {
 	}
 	b.waitSequenced(t, repos*6)
 
+	// Each subscription starts after a few more of the burst's commits:
+	// written receives one value per commit.
+	written := make(chan struct{}, repos*perRepo)
 	var wg sync.WaitGroup
 	for _, did := range dids {
 		wg.Go(func() {
 			for i := range perRepo {
-				b.write(t, did, fmt.Sprint("during ", i))
+				if _, err := b.tryWrite(did, fmt.Sprint("during ", i)); err != nil {
+					t.Error(err)
+					return
+				}
+				written <- struct{}{}
 			}
 		})
 	}
@@ -286,7 +336,9 @@ func TestHandoverDuringBurst(t *testing.T) {
 	cursors := []int64{0, 1, 7}
 	for _, c := range cursors {
 		conns = append(conns, dial(t, b.wsURL, ptr(c)))
-		time.Sleep(20 * time.Millisecond)
+		for range 5 {
+			<-written
+		}
 	}
 	wg.Wait()
 	want := int64(repos * (6 + perRepo))
@@ -294,7 +346,7 @@ func TestHandoverDuringBurst(t *testing.T) {
 	all := b.allEvents(t)
 	for i, conn := range conns {
 		got := readUntil(t, conn, last)
-		var exp []firehose.Event
+		var exp []eventlog.Event
 		for _, ev := range all {
 			if ev.Seq > cursors[i] {
 				exp = append(exp, ev)
@@ -351,12 +403,17 @@ func TestDisconnectStopsWork(t *testing.T) {
 	conn.Close()
 	require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
 	m := b.queries.mark()
-	time.Sleep(100 * time.Millisecond)
-	// The hub's own wake-up reads the last seq; of events, at most the page
-	// in flight when the subscriber left (seen once under -race on a
-	// loaded machine) and nothing after it.
+	// The server is done with the subscription once its handler returns:
+	// whatever it read after the subscriber left has been read by then.
+	select {
+	case <-b.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscription was not ended")
+	}
+	// Of events, at most the page in flight when the subscriber left (seen
+	// once under -race on a loaded machine) and nothing after it.
 	pages := 0
-	for _, q := range b.queries.since(m) {
+	for _, q := range b.queries.subscriptionsSince(m) {
 		if strings.Contains(q, "FROM events") {
 			pages++
 		}

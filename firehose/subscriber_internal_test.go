@@ -10,7 +10,7 @@ import (
 // marked too slow and lets go of what it held.
 func TestSubscriberQueueBound(t *testing.T) {
 	t.Parallel()
-	s := &subscriber{signal: make(chan struct{}, 1)}
+	s := &liveQueue{signal: make(chan struct{}, 1)}
 	f := func(seq int64) liveFrame { return liveFrame{seq: seq, data: make([]byte, 10)} }
 	require.True(t, s.push([]liveFrame{f(1), f(2)}, 3, 1000))
 	q, slow := s.take(nil)
@@ -23,7 +23,7 @@ func TestSubscriberQueueBound(t *testing.T) {
 	require.Empty(t, q)
 	require.False(t, s.push([]liveFrame{f(7)}, 3, 1000), "once too slow, always too slow")
 	// The byte bound counts too.
-	s2 := &subscriber{signal: make(chan struct{}, 1)}
+	s2 := &liveQueue{signal: make(chan struct{}, 1)}
 	require.False(t, s2.push([]liveFrame{f(1), f(2)}, 100, 15))
 }
 

@@ -3,29 +3,43 @@ package metrics
 import (
 	"sync"
 
-	"github.com/bulwark-pds/bulwark/budget"
-	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
-// RegisterBudget makes the scrape report b: bytes in use, capacity, queue
-// length, and the admitted, queued, refused (503) and canceled counts.
-// A later call replaces the budget reported; nil stops reporting.
-func RegisterBudget(b *budget.Budget) {
-	budgetCollector.mu.Lock()
-	defer budgetCollector.mu.Unlock()
-	budgetCollector.b = b
+// BudgetStats is a snapshot of an in-flight budget, field for field a
+// budget.Stats (which converts to it): the metrics package reads budgets
+// through a function so that it does not depend on package budget, and
+// the packages that record commits and events (which import metrics) stay
+// apart from the protection layer.
+type BudgetStats struct {
+	Capacity, InUse                      int64
+	QueueLen, MaxQueue                   int
+	Admitted, Waited, Rejected, Canceled uint64
 }
 
-// RegisterExportSlots makes the scrape report b, the budget a server uses
-// as a FIFO semaphore of getRepo export slots (one unit per export), under
-// bulwark_export_slots_*: slots in use, queue length, and the admitted,
-// queued, refused (503) and canceled counts. nil stops reporting.
-func RegisterExportSlots(b *budget.Budget) {
+// RegisterBudget makes the scrape report the in-flight byte budget whose
+// state stats returns (for a *budget.Budget b, a function returning
+// BudgetStats(b.Stats())): bytes in use, capacity, queue length, and the
+// admitted, queued, refused (503) and canceled counts. A later call
+// replaces the budget reported; nil stops reporting.
+func RegisterBudget(stats func() BudgetStats) {
+	budgetCollector.mu.Lock()
+	defer budgetCollector.mu.Unlock()
+	budgetCollector.stats = stats
+}
+
+// RegisterExportSlots makes the scrape report the budget a server uses as
+// a FIFO semaphore of getRepo export slots (one unit per export), read
+// through stats as RegisterBudget does, under bulwark_export_slots_*:
+// slots in use, queue length, and the admitted, queued, refused (503) and
+// canceled counts. nil stops reporting.
+func RegisterExportSlots(stats func() BudgetStats) {
 	exportSlotsCollector.mu.Lock()
 	defer exportSlotsCollector.mu.Unlock()
-	exportSlotsCollector.b = b
+	exportSlotsCollector.stats = stats
 }
 
 // RegisterLimiters makes the scrape report ls (typically
@@ -73,7 +87,7 @@ var exportSlotsCollector = &budgetStats{
 
 type budgetStats struct {
 	mu                                   sync.Mutex
-	b                                    *budget.Budget
+	stats                                func() BudgetStats
 	capacity, inUse, queue, maxQueue     *prometheus.Desc
 	admitted, waited, rejected, canceled *prometheus.Desc
 }
@@ -86,12 +100,12 @@ func (c *budgetStats) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *budgetStats) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	b := c.b
+	stats := c.stats
 	c.mu.Unlock()
-	if b == nil {
+	if stats == nil {
 		return
 	}
-	s := b.Stats()
+	s := stats()
 	gauge := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}

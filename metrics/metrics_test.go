@@ -107,7 +107,7 @@ func TestCollectorsRegistered(t *testing.T) {
 func TestBudgetAndLimiterMetrics(t *testing.T) {
 	ctx := context.Background()
 	b := budget.New(budget.Config{Capacity: 10, MaxQueue: -1})
-	RegisterBudget(b)
+	RegisterBudget(func() BudgetStats { return BudgetStats(b.Stats()) })
 	defer RegisterBudget(nil)
 	l := ratelimit.MustNew(ratelimit.Config{Name: "testLimiter", Rules: []ratelimit.Rule{{Name: "5m", Limit: 1, Window: 5 * time.Minute}}})
 	RegisterLimiters(l)

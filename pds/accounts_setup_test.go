@@ -22,7 +22,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -102,7 +102,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	require.NoError(t, err)
 	var waker repo.Waker
 	if opts.sequence {
-		seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: logger})
+		seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: logger})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = seq.Run(ctx) }()

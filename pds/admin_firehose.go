@@ -2,13 +2,12 @@ package pds
 
 import (
 	"context"
-	"errors"
 	"net/http"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/audit"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -45,11 +44,11 @@ func (s *Server) admin(h handlerFunc) handlerFunc {
 
 func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
 	p := queryParams(r)
-	f := firehose.EventFilter{
+	f := eventlog.EventFilter{
 		FromSeq:    p.intParam("from", 0, 0, 1<<62),
 		ToSeq:      p.intParam("to", 0, 0, 1<<62),
 		DID:        p.optional("did"),
-		Kind:       firehose.Kind(p.optional("kind")),
+		Kind:       eventlog.Kind(p.optional("kind")),
 		OverLimits: p.boolParam("overLimits", false),
 		Limit:      int(p.intParam("limit", 100, 1, 1000)),
 	}
@@ -57,16 +56,16 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	switch f.Kind {
-	case "", firehose.KindCommit, firehose.KindSync, firehose.KindIdentity, firehose.KindAccount:
+	case "", eventlog.KindCommit, eventlog.KindSync, eventlog.KindIdentity, eventlog.KindAccount:
 	default:
 		return InvalidRequest("kind must be commit, sync, identity or account, not %q", f.Kind)
 	}
-	evs, err := firehose.NewLog(s.db).Inspect(r.Context(), f)
+	evs, err := eventlog.NewLog(s.db).Inspect(r.Context(), f)
 	if err != nil {
 		return err
 	}
 	if evs == nil {
-		evs = []firehose.EventInfo{}
+		evs = []eventlog.EventInfo{}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"events": evs})
 }
@@ -77,14 +76,14 @@ type seqRepairInput struct {
 }
 
 func (s *Server) handleRewriteEventAsSync(w http.ResponseWriter, r *http.Request) error {
-	return s.seqRepair(w, r, "rewrite", firehose.NewLog(s.db).RewriteAsSync)
+	return s.seqRepair(w, r, "rewrite", eventlog.NewLog(s.db).RewriteAsSync)
 }
 
 func (s *Server) handleInvalidateEvent(w http.ResponseWriter, r *http.Request) error {
-	return s.seqRepair(w, r, "invalidate", firehose.NewLog(s.db).Invalidate)
+	return s.seqRepair(w, r, "invalidate", eventlog.NewLog(s.db).Invalidate)
 }
 
-func (s *Server) seqRepair(w http.ResponseWriter, r *http.Request, what string, fn func(ctx context.Context, seq int64, actor, reason string) (*firehose.RepairResult, error)) error {
+func (s *Server) seqRepair(w http.ResponseWriter, r *http.Request, what string, fn func(ctx context.Context, seq int64, actor, reason string) (*eventlog.RepairResult, error)) error {
 	var in seqRepairInput
 	if err := decodeJSON(r, &in); err != nil {
 		return err
@@ -112,21 +111,7 @@ func (s *Server) handleEmitSync(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return InvalidRequest("did: %v", err)
 	}
-	var rev string
-	err = pgx.BeginFunc(r.Context(), s.db, func(tx pgx.Tx) error {
-		ev, err := repo.SyncEvent(r.Context(), tx, did)
-		if err != nil {
-			return err
-		}
-		if err := firehose.Append(r.Context(), tx, ev); err != nil {
-			return err
-		}
-		rev = ev.Rev
-		return audit.Record(r.Context(), tx, &audit.Entry{
-			Actor: adminActor, Action: "firehose.emitSync", Subject: did.String(),
-			After: map[string]string{"rev": ev.Rev}, Reason: in.Reason,
-		})
-	})
+	rev, err := eventlog.NewLog(s.db).EmitSync(r.Context(), did, repo.SyncEvent, adminActor, in.Reason)
 	if err != nil {
 		return err
 	}
@@ -145,7 +130,7 @@ func (s *Server) handleRaiseSeq(w http.ResponseWriter, r *http.Request) error {
 	if in.Floor <= 0 {
 		return InvalidRequest("floor must be a positive seq")
 	}
-	before, after, err := firehose.NewLog(s.db).RaiseSeqAudited(r.Context(), in.Floor, adminActor, in.Reason)
+	before, after, err := eventlog.NewLog(s.db).RaiseSeqAudited(r.Context(), in.Floor, adminActor, in.Reason)
 	if err != nil {
 		return err
 	}
@@ -160,12 +145,12 @@ func (s *Server) handleRepairOversized(w http.ResponseWriter, r *http.Request) e
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	fixed, err := firehose.NewLog(s.db).RepairOversized(r.Context(), adminActor, in.Reason)
+	fixed, err := eventlog.NewLog(s.db).RepairOversized(r.Context(), adminActor, in.Reason)
 	if err != nil {
 		return err
 	}
 	if fixed == nil {
-		fixed = []firehose.RepairResult{}
+		fixed = []eventlog.RepairResult{}
 	}
 	s.logger.Warn("firehose repair", "op", "repairOversized", "rewritten", len(fixed), "reason", in.Reason)
 	return writeJSON(w, http.StatusOK, map[string]any{"repaired": fixed})
@@ -203,15 +188,4 @@ func (s *Server) handleListConsumers(w http.ResponseWriter, r *http.Request) err
 		}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"consumers": consumers, "stuck": stuck})
-}
-
-// adminFirehoseErrorFor maps firehose repair errors; xrpcErrorFor calls it.
-func adminFirehoseErrorFor(err error) *XRPCError {
-	switch {
-	case errors.Is(err, firehose.ErrNoEvent):
-		return newError(http.StatusBadRequest, "EventNotFound", "%v", err)
-	case errors.Is(err, firehose.ErrNotRepairable):
-		return InvalidRequest("%v", err)
-	}
-	return nil
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // adminPost calls an admin procedure with the given password.
@@ -30,7 +30,7 @@ func (e *accountEnv) adminGet(t *testing.T, nsid string, q url.Values) xrpcResul
 
 func (e *accountEnv) sequence(t *testing.T) {
 	t.Helper()
-	_, err := firehose.NewSequencer(e.pool, firehose.SequencerConfig{}).SequenceBatch(context.Background())
+	_, err := eventlog.NewSequencer(e.pool, eventlog.SequencerConfig{}).SequenceBatch(context.Background())
 	require.NoError(t, err)
 }
 
@@ -44,7 +44,7 @@ func TestAdminFirehoseRepair(t *testing.T) {
 	e.sequence(t)
 
 	var listed struct {
-		Events []firehose.EventInfo `json:"events"`
+		Events []eventlog.EventInfo `json:"events"`
 	}
 	res := e.adminGet(t, "listEvents", url.Values{"did": {u.did.String()}, "kind": {"commit"}}).ok(t)
 	require.NoError(t, json.Unmarshal(res.body, &listed))
@@ -66,11 +66,11 @@ func TestAdminFirehoseRepair(t *testing.T) {
 	e.adminGet(t, "listEvents", url.Values{"kind": {"bogus"}}).fails(t, http.StatusBadRequest, "InvalidRequest")
 
 	// Rewrite the commit as #sync, twice: the second changes nothing.
-	var rr firehose.RepairResult
+	var rr eventlog.RepairResult
 	res = e.adminPost(t, "rewriteEventAsSync", testAdminPassword, map[string]any{"seq": commitSeq, "reason": "test"}).ok(t)
 	require.NoError(t, json.Unmarshal(res.body, &rr))
 	require.True(t, rr.Changed)
-	require.Equal(t, firehose.KindSync, rr.After.Kind)
+	require.Equal(t, eventlog.KindSync, rr.After.Kind)
 	res = e.adminPost(t, "rewriteEventAsSync", testAdminPassword, map[string]any{"seq": commitSeq}).ok(t)
 	require.NoError(t, json.Unmarshal(res.body, &rr))
 	require.False(t, rr.Changed)

@@ -11,7 +11,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -172,8 +172,8 @@ type errorMapping struct {
 // subject NotFound) test for the sentinel themselves before returning.
 var domainErrors = []errorMapping{
 	// The event log's repairs (admin methods).
-	{sentinel: firehose.ErrNoEvent, status: http.StatusBadRequest, name: "EventNotFound"},
-	{sentinel: firehose.ErrNotRepairable, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: eventlog.ErrNoEvent, status: http.StatusBadRequest, name: "EventNotFound"},
+	{sentinel: eventlog.ErrNotRepairable, status: http.StatusBadRequest, name: "InvalidRequest"},
 
 	// Sessions and accounts. Token errors are 400s, as in the reference
 	// PDS: clients refresh on ExpiredToken by name.

@@ -14,7 +14,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -30,8 +30,8 @@ func TestXRPCErrorFor(t *testing.T) {
 		status int
 		name   string
 	}{
-		{wrap(firehose.ErrNoEvent), http.StatusBadRequest, "EventNotFound"},
-		{wrap(firehose.ErrNotRepairable), http.StatusBadRequest, "InvalidRequest"},
+		{wrap(eventlog.ErrNoEvent), http.StatusBadRequest, "EventNotFound"},
+		{wrap(eventlog.ErrNotRepairable), http.StatusBadRequest, "InvalidRequest"},
 		{wrap(account.ErrExpiredToken), http.StatusBadRequest, "ExpiredToken"},
 		{wrap(account.ErrInvalidToken), http.StatusBadRequest, "InvalidToken"},
 		{wrap(account.ErrAccountDeactivated), http.StatusUnauthorized, "AccountDeactivated"},

@@ -70,7 +70,7 @@ func TestMetricsMove(t *testing.T) {
 		},
 	})
 	// Only this test registers a budget and limiters with the metrics.
-	metrics.RegisterBudget(b)
+	metrics.RegisterBudget(func() metrics.BudgetStats { return metrics.BudgetStats(b.Stats()) })
 	metrics.RegisterLimiters(set.All()...)
 	defer metrics.RegisterBudget(nil)
 	defer metrics.RegisterLimiters()

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -30,9 +31,9 @@ func priorityEnv(t *testing.T, gate *priority.Gate) (*accountEnv, *user) {
 	t.Helper()
 	e := newAccountEnv(t, envOptions{options: func(o *Options) { o.Priority = gate }})
 	u := e.createUser(t)
-	for start := 0; start < exportRecords; start += repo.MaxCommitOps {
+	for start := 0; start < exportRecords; start += limits.MaxCommitOps {
 		var writes []repo.Write
-		for i := start; i < min(exportRecords, start+repo.MaxCommitOps); i++ {
+		for i := start; i < min(exportRecords, start+limits.MaxCommitOps); i++ {
 			writes = append(writes, repo.Write{
 				Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
 				RKey: syntax.RecordKey(fmt.Sprintf("3kexport%06d", i)), Record: post(fmt.Sprint("post ", i)),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/fastsyntax"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/ratelimit"
@@ -336,8 +337,8 @@ func (s *Server) handleApplyWrites(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	if len(in.Writes) > repo.MaxCommitOps {
-		return InvalidRequest("too many writes: %d; the limit is %d per request", len(in.Writes), repo.MaxCommitOps)
+	if len(in.Writes) > limits.MaxCommitOps {
+		return InvalidRequest("too many writes: %d; the limit is %d per request", len(in.Writes), limits.MaxCommitOps)
 	}
 	if len(in.Writes) == 0 {
 		return InvalidRequest("writes must hold at least one write")

@@ -36,6 +36,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
+
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
@@ -45,8 +48,6 @@ import (
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/time/rate"
 )
 
 // HTTP server timeouts. WriteTimeout bounds an ordinary response; methods

@@ -3,6 +3,7 @@ package pds
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,8 @@ import (
 	"github.com/bluesky-social/indigo/events"
 	"github.com/bluesky-social/indigo/events/schedulers/sequential"
 	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
@@ -87,8 +90,10 @@ func TestSubscribeEndToEnd(t *testing.T) {
 	for _, u := range users {
 		writers.Go(func() {
 			for i := range 8 {
-				e.post(t, "com.atproto.repo.createRecord", u.access, map[string]any{
-					"repo": u.did, "collection": "app.bsky.feed.post", "record": post(fmt.Sprint("post ", i))}).ok(t)
+				if err := createPost(e, u, fmt.Sprint("post ", i)); err != nil {
+					t.Error(err)
+					return
+				}
 			}
 		})
 	}
@@ -101,24 +106,18 @@ func TestSubscribeEndToEnd(t *testing.T) {
 	e.post(t, "com.atproto.server.deleteAccount", users[2].access, map[string]any{"did": users[2].did, "password": users[2].pass}).ok(t)
 
 	var want []int64
+	var readErr error
 	require.Eventually(t, func() bool {
-		// Pending first: once nothing is, every event written above is
-		// numbered and in the log read next (read the other way round,
-		// the sequencer could number the last one in between).
 		var pending int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE seq IS NULL").Scan(&pending))
-		rows, err := pool.Query(ctx, "SELECT seq FROM events WHERE seq IS NOT NULL AND NOT invalidated ORDER BY seq")
-		require.NoError(t, err)
-		want = want[:0]
-		for rows.Next() {
-			var s int64
-			require.NoError(t, rows.Scan(&s))
-			want = append(want, s)
+		want, pending, readErr = sequencedSeqs(ctx, pool)
+		if readErr != nil {
+			return true
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		return pending == 0 && len(seqs) == len(want)
 	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, readErr)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, problems)
@@ -148,4 +147,46 @@ func verifyCommitWithPLC(ctx context.Context, dir identity.Directory, c *comatpr
 		return err
 	}
 	return commit.VerifySignature(pub)
+}
+
+// createPost writes a post as u, from a goroutine other than the test's
+// (so it returns what went wrong instead of failing the test).
+func createPost(e *accountEnv, u *user, text string) error {
+	body, err := json.Marshal(map[string]any{"repo": u.did, "collection": "app.bsky.feed.post", "record": post(text)})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequest(http.MethodPost, e.url+"/xrpc/com.atproto.repo.createRecord", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+u.access)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("createRecord: %d %s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+// sequencedSeqs returns the seqs of the log's valid events and how many
+// events are not sequenced yet. Pending is read first: once nothing is,
+// every event written before is numbered and in the log read next (read
+// the other way round, the sequencer could number the last one in between).
+func sequencedSeqs(ctx context.Context, pool *pgxpool.Pool) ([]int64, int, error) {
+	var pending int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE seq IS NULL").Scan(&pending); err != nil {
+		return nil, 0, err
+	}
+	rows, err := pool.Query(ctx, "SELECT seq FROM events WHERE seq IS NOT NULL AND NOT invalidated ORDER BY seq")
+	if err != nil {
+		return nil, 0, err
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	return seqs, pending, err
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -48,10 +49,10 @@ func BenchmarkGetRepo(b *testing.B) {
 	// A writer engine of its own, unreachable once the repository is
 	// built, so that its tree cache does not count as the server's heap.
 	writer := repo.New(sb.pool, sb.keys, nil, repo.Config{})
-	for c := 0; c < benchRecords/repo.MaxCommitOps; c++ {
-		writes := make([]repo.Write, 0, repo.MaxCommitOps)
-		for i := range repo.MaxCommitOps {
-			n := c*repo.MaxCommitOps + i
+	for c := 0; c < benchRecords/limits.MaxCommitOps; c++ {
+		writes := make([]repo.Write, 0, limits.MaxCommitOps)
+		for i := range limits.MaxCommitOps {
+			n := c*limits.MaxCommitOps + i
 			writes = append(writes, repo.Write{
 				Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
 				RKey: syntax.RecordKey(fmt.Sprintf("r%07d", n)), Record: postRecord(fmt.Sprintf("post number %d", n)),

@@ -34,6 +34,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/limits"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
@@ -167,9 +168,9 @@ func postRecord(text string, blobs ...atdata.Blob) map[string]any {
 func (b *syncBundle) writePosts(t testing.TB, did syntax.DID, prefix string, n int) *repo.CommitResult {
 	t.Helper()
 	var last *repo.CommitResult
-	for start := 0; start < n; start += repo.MaxCommitOps {
+	for start := 0; start < n; start += limits.MaxCommitOps {
 		var writes []repo.Write
-		for i := start; i < min(n, start+repo.MaxCommitOps); i++ {
+		for i := start; i < min(n, start+limits.MaxCommitOps); i++ {
 			writes = append(writes, repo.Write{
 				Action: repo.ActionCreate, Collection: "app.bsky.feed.post",
 				RKey: syntax.RecordKey(fmt.Sprintf("%s%06d", prefix, i)), Record: postRecord(fmt.Sprint("post ", i)),

@@ -15,7 +15,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/config"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // On this VM separate runs of the same code differ by up to ±25% (the
@@ -104,12 +104,12 @@ func BenchmarkCommitGCPercentAB(b *testing.B) {
 }
 
 // BenchmarkCommitGatherAB compares sequencer gather waits, interleaved: 10
-// ms against firehose.DefaultGather, or BENCH_AB_GATHER. BENCH_AB_WRITERS
+// ms against eventlog.DefaultGather, or BENCH_AB_GATHER. BENCH_AB_WRITERS
 // sets the writers (default 1). Each block starts a sequencer of its own
 // (the bundle's is stopped), so the leadership passes at each switch.
 func BenchmarkCommitGatherAB(b *testing.B) {
 	writers, _ := strconv.Atoi(os.Getenv("BENCH_AB_WRITERS"))
-	gather := firehose.DefaultGather
+	gather := eventlog.DefaultGather
 	if v := os.Getenv("BENCH_AB_GATHER"); v != "" {
 		gather, _ = time.ParseDuration(v)
 	}
@@ -120,14 +120,14 @@ func BenchmarkCommitGatherAB(b *testing.B) {
 			stop()
 		}
 	}()
-	var current atomic.Pointer[firehose.Sequencer]
+	var current atomic.Pointer[eventlog.Sequencer]
 	runInterleavedAB(b, max(writers, 1), [2]string{"gather " + gathers[0].String(), "gather " + gathers[1].String()}, func(bb *bundle, v int) {
 		if stop == nil { // the first call, before the writers start
 			stop = bb.stopSeq
 			bb.engine.waker = wakeFunc(func() { current.Load().Wake() })
 		}
 		stop()
-		seq := firehose.NewSequencer(bb.pool, firehose.SequencerConfig{Gather: gathers[v], LeaderRetry: 5 * time.Millisecond})
+		seq := eventlog.NewSequencer(bb.pool, eventlog.SequencerConfig{Gather: gathers[v], LeaderRetry: 5 * time.Millisecond})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = seq.Run(ctx) }()

@@ -22,7 +22,8 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // The benchmarks run against a cluster on disk with fsync and
@@ -52,11 +53,14 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	if v := os.Getenv("BENCH_GATHER"); v != "" {
 		gather, _ = time.ParseDuration(v)
 	}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Gather: gather})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Gather: gather})
 	bctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	seqDone := make(chan struct{})
 	go func() { defer close(seqDone); _ = seq.Run(bctx) }()
+	if cfg.counters == nil {
+		cfg.counters = newCounters()
+	}
 	if v := os.Getenv("BENCH_GROUP_LEADERS"); v != "" && cfg.groupLeaders == 0 {
 		cfg.groupLeaders, _ = strconv.Atoi(v)
 	}
@@ -64,7 +68,7 @@ func benchSetup(b *testing.B, cfg Config) *bundle {
 	if os.Getenv("BENCH_NOWAKE") != "" {
 		waker = nil
 	}
-	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: firehose.NewLog(pool),
+	return &bundle{pool: pool, engine: New(pool, keys, waker, cfg), keys: keys, seq: seq, log: eventlog.NewLog(pool),
 		stopSeq: func() { cancel(); <-seqDone }}
 }
 
@@ -126,7 +130,7 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	cpu1 := sampleCPU(b)
 	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
 	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
-	b.ReportMetric(100*float64(bb.engine.groupedCommits.Load())/float64(b.N), "grouped-%")
+	b.ReportMetric(100*counterValue(b, bb.engine.counters.groupedCommits)/float64(b.N), "grouped-%")
 	if os.Getenv("BENCH_PG_STATS") != "" {
 		printStatementStats(b, bb.pool)
 	}
@@ -191,22 +195,14 @@ func BenchmarkCommit16Writers16Repos(b *testing.B) { runCommitBench(b, 16, 16, C
 
 func BenchmarkCommit8WritersOneRepo(b *testing.B) { runCommitBench(b, 8, 1, Config{}) }
 
-// BenchmarkCommit16Repos_GlobalLock is the simple design the sequencer
-// replaces: every commit takes one database-wide lock from its first write
-// to its commit (where it would take the next seq), so commits to different
-// repos queue behind each other's WAL flush.
-func BenchmarkCommit16Repos_GlobalLock(b *testing.B) {
-	runCommitBench(b, 16, 16, Config{globalLock: true})
-}
-
 // BenchmarkExport100k builds a 100,000-record repository and streams its
 // CAR, reporting the time of one export and the peak heap in use during it.
 func BenchmarkExport100k(b *testing.B) {
 	bb := benchSetup(b, Config{})
 	ctx := context.Background()
 	did := bb.newRepo(b, 1)
-	for i := 0; i < 100_000; i += MaxCommitOps {
-		writes := make([]Write, MaxCommitOps)
+	for i := 0; i < 100_000; i += limits.MaxCommitOps {
+		writes := make([]Write, limits.MaxCommitOps)
 		for j := range writes {
 			writes[j] = create("app.bsky.feed.post", "", post(fmt.Sprintf("record %d with some text to look like a post", i+j)))
 		}
@@ -264,16 +260,6 @@ type countingWriter struct{ n int64 }
 func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
 
 var _ io.Writer = (*countingWriter)(nil)
-
-// The same commits with each statement sent on its own in the batch, not
-// as one bulwark_commit call: what the function saves.
-func BenchmarkCommitOneWriter_PerStatement(b *testing.B) {
-	runCommitBench(b, 1, 1, Config{perStatement: true})
-}
-
-func BenchmarkCommit16Writers16Repos_PerStatement(b *testing.B) {
-	runCommitBench(b, 16, 16, Config{perStatement: true})
-}
 
 // BenchmarkCommit16Writers16Repos_NoGroup stores every commit in its own
 // transaction: what group commit (group.go) saves.

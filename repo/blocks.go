@@ -10,8 +10,8 @@ import (
 )
 
 // diffCollector receives the blocks mst.Tree.WriteDiffBlocks writes, in
-// order and with their full CIDs (INDIGO.md trap 3: the stock map-backed
-// blockstore hands back raw-codec CIDs). It implements the subset of
+// order and with their full CIDs (the stock map-backed blockstore hands
+// back raw-codec CIDs, which break CAR slices). It implements the subset of
 // go-ipfs-blockstore's Blockstore that WriteDiffBlocks calls; the rest
 // refuse.
 type diffCollector struct {

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // TestCrashLeavesConsistentState kills (SIGKILL) a process in the middle of
@@ -34,8 +34,8 @@ func TestCrashLeavesConsistentState(t *testing.T) {
 
 	b := &bundle{pool: pool, keys: &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}}
 	b.engine = New(pool, b.keys, nil, Config{})
-	b.seq = firehose.NewSequencer(pool, firehose.SequencerConfig{})
-	b.log = firehose.NewLog(pool)
+	b.seq = eventlog.NewSequencer(pool, eventlog.SequencerConfig{})
+	b.log = eventlog.NewLog(pool)
 	did := b.newRepo(t, 7)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashWriterProcess$", "-test.v")

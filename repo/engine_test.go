@@ -15,6 +15,8 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/ipld/go-car"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 func TestApplyCreateUpdateDelete(t *testing.T) {
@@ -135,10 +137,10 @@ func TestLimits(t *testing.T) {
 
 	// One record block: 1,000,000 accepted, 1,000,001 refused; a record over
 	// the data model's 1 MiB is refused under that name.
-	_, err := b.engine.Apply(ctx, did, []Write{create(coll, "max", sizedRecord(t, coll, MaxCommitRecordBlockBytes))}, nil)
+	_, err := b.engine.Apply(ctx, did, []Write{create(coll, "max", sizedRecord(t, coll, limits.MaxRecordBlockBytes))}, nil)
 	require.NoError(t, err)
-	refused("record block +1", LimitRecordBlock, []Write{create(coll, "over", sizedRecord(t, coll, MaxCommitRecordBlockBytes+1))})
-	refused("record cbor +1", LimitRecordCBOR, []Write{create(coll, "huge", sizedRecord(t, coll, MaxRecordCBORBytes+1))})
+	refused("record block +1", LimitRecordBlock, []Write{create(coll, "over", sizedRecord(t, coll, limits.MaxRecordBlockBytes+1))})
+	refused("record cbor +1", LimitRecordCBOR, []Write{create(coll, "huge", sizedRecord(t, coll, limits.MaxRecordCBORBytes+1))})
 
 	// Ops: 200 accepted, 201 and 0 refused.
 	ops := func(n int, prefix string) []Write {
@@ -148,9 +150,9 @@ func TestLimits(t *testing.T) {
 		}
 		return w
 	}
-	_, err = b.engine.Apply(ctx, did, ops(MaxCommitOps, "ok"), nil)
+	_, err = b.engine.Apply(ctx, did, ops(limits.MaxCommitOps, "ok"), nil)
 	require.NoError(t, err)
-	refused("201 ops", LimitCommitOps, ops(MaxCommitOps+1, "no"))
+	refused("201 ops", LimitCommitOps, ops(limits.MaxCommitOps+1, "no"))
 	refused("0 ops", LimitCommitOps, nil)
 
 	// 50 × 60 KB is 3 MB of blocks: refused for the commit total.
@@ -162,10 +164,10 @@ func TestLimits(t *testing.T) {
 
 	// The commit total at the limit: fill with records until the CAR is
 	// exactly 2,000,000 bytes, then one byte more.
-	atTotal := commitOfSize(t, b, did, coll, MaxCommitBlocksBytes)
+	atTotal := commitOfSize(t, b, did, coll, limits.MaxCommitBlocksBytes)
 	refused("blocks +1", LimitCommitBlocks, commitOfSizeWrites(t, coll, atTotal, 1))
 	_, err = b.engine.Apply(ctx, did, commitOfSizeWrites(t, coll, atTotal, 0), nil)
-	require.NoError(t, err, "a commit of exactly %d bytes of blocks is accepted", MaxCommitBlocksBytes)
+	require.NoError(t, err, "a commit of exactly %d bytes of blocks is accepted", limits.MaxCommitBlocksBytes)
 
 	// Refused commits were rolled back on their connection (the engine
 	// drives BEGIN/COMMIT itself), so the pool kept reusing one connection
@@ -178,8 +180,8 @@ func TestLimits(t *testing.T) {
 	evs := b.sequencedEvents(t)
 	b.verifyChain(t, evs)
 	for _, ev := range evs {
-		require.LessOrEqual(t, ev.BlocksLen, MaxCommitBlocksBytes)
-		require.LessOrEqual(t, ev.FrameSize(), MaxFrameBytes)
+		require.LessOrEqual(t, ev.BlocksLen, limits.MaxCommitBlocksBytes)
+		require.LessOrEqual(t, ev.FrameSize(), limits.MaxFrameBytes)
 	}
 }
 
@@ -474,7 +476,7 @@ func TestTwoEnginesOneRepo(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, Config{})
 	did := b.newRepo(t, 1)
-	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{})}
+	engines := []*Engine{b.engine, New(b.pool, b.keys, nil, Config{counters: newCounters()})}
 	want := map[string]bool{}
 	for i := range 20 {
 		// Two writes in a row per engine: the second takes the fast path.
@@ -487,7 +489,7 @@ func TestTwoEnginesOneRepo(t *testing.T) {
 	require.Equal(t, 20, b.verifyChain(t, b.sequencedEvents(t))[did])
 	for i, e := range engines {
 		require.Positive(t, e.fastCommits.Load(), "engine %d never took the one-round-trip path", i)
-		require.Positive(t, e.staleRoots.Load(), "engine %d never had a stale root refused", i)
+		require.Positive(t, counterValue(t, e.counters.staleRoots), "engine %d never had a stale root refused", i)
 	}
 }
 
@@ -523,10 +525,10 @@ func TestStrayNodeSendsCommitToLockedPath(t *testing.T) {
 	// One of them comes back behind the engine's back.
 	_, err = b.pool.Exec(ctx, "INSERT INTO repo_nodes (did, cid, rev, data) VALUES ($1, $2, 'stray', $3)", did.String(), cids[0], data[0])
 	require.NoError(t, err)
-	stale := b.engine.staleRoots.Load()
+	stale := counterValue(t, b.engine.counters.staleRoots)
 	_, err = b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "b", rec)}, nil)
 	require.NoError(t, err)
-	require.Equal(t, stale+1, b.engine.staleRoots.Load(), "the one-round-trip commit was not refused")
+	require.Equal(t, stale+1, counterValue(t, b.engine.counters.staleRoots), "the one-round-trip commit was not refused")
 	checkFinalState(t, b, map[syntax.DID]map[string]bool{did: {"app.bsky.feed.post/a": true, "app.bsky.feed.post/b": true}})
 	require.Equal(t, 4, b.verifyChain(t, b.sequencedEvents(t))[did])
 }

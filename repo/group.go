@@ -3,16 +3,14 @@ package repo
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/db"
 )
 
 // Group commit. Concurrent commits to different repos are stored together:
@@ -61,27 +59,24 @@ type groupCommitter struct {
 
 // pendingCommit is one commit waiting in (or taken from) the group queue.
 type pendingCommit struct {
-	did   string
-	guard *Guard
-	rows  *commitRows
-	old   []byte
-	err   error         // the commit's outcome, set before done is closed
-	done  chan struct{} // closed when stored or refused
-	lead  chan struct{} // a token: lead the next group
+	guard  *Guard
+	params *commitParams
+	err    error         // the commit's outcome, set before done is closed
+	done   chan struct{} // closed when stored or refused
+	lead   chan struct{} // a token: lead the next group
 }
 
 // useGroup reports whether a commit that found active commits in flight
 // (itself included) should be stored in a group: a lone commit is sent at
 // once.
 func (e *Engine) useGroup(active int64) bool {
-	return active > 1 && e.group.maxLeaders > 0 && !e.perStatement && !e.globalLock
+	return active > 1 && e.group.maxLeaders > 0
 }
 
-// storeGrouped stores one commit (guard, rows, moving the root from old)
-// with whatever other commits are waiting, and returns its outcome.
-func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, rows *commitRows, old []byte) error {
-	c := &pendingCommit{did: rows.did, guard: guard, rows: rows, old: old,
-		done: make(chan struct{}), lead: make(chan struct{}, 1)}
+// storeGrouped stores one commit (its guard, then its params) with
+// whatever other commits are waiting, and returns its outcome.
+func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, params *commitParams) error {
+	c := &pendingCommit{guard: guard, params: params, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	g := &e.group
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
@@ -152,7 +147,7 @@ func (e *Engine) leadGroup(ctx context.Context, lc *lazyConn) {
 func groupLen(queue []*pendingCommit) int {
 	n, size := 0, 0
 	for n < len(queue) && n < maxGroup {
-		size += queue[n].rows.size()
+		size += queue[n].params.size()
 		if n > 0 && size > maxGroupBytes {
 			break
 		}
@@ -170,23 +165,21 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 		}
 	}()
 	if len(batch) == 1 {
-		batch[0].err = e.storeOne(ctx, conn, batch[0].guard, batch[0].rows, batch[0].old)
+		batch[0].err = storeOne(ctx, conn, batch[0].guard, batch[0].params)
 		return
 	}
-	slices.SortFunc(batch, func(a, b *pendingCommit) int { return cmp.Compare(a.did, b.did) })
+	slices.SortFunc(batch, func(a, b *pendingCommit) int { return cmp.Compare(a.params.did, b.params.did) })
 	b := &pgx.Batch{}
 	for _, c := range batch {
-		e.queueGuarded(b, c.guard, c.rows, c.old)
+		queue(b, c.guard, c.params)
 	}
 	err := send(ctx, conn, b)
 	if err == nil {
-		e.groupedCommits.Add(int64(len(batch)))
-		metrics.CommitGroups.Inc()
-		metrics.GroupedCommits.Add(float64(len(batch)))
+		e.counters.commitGroups.Inc()
+		e.counters.groupedCommits.Add(float64(len(batch)))
 		return
 	}
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
+	if !db.FromServer(err) {
 		// Not an answer from the server: whether the group committed is
 		// unknown (and send has closed the connection).
 		for _, c := range batch {
@@ -194,27 +187,18 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 		}
 		return
 	}
-	e.splitGroups.Add(1)
-	metrics.CommitGroupRetries.Inc()
+	e.counters.groupRetries.Inc()
 	for _, c := range batch {
-		c.err = e.storeOne(ctx, conn, c.guard, c.rows, c.old)
+		c.err = storeOne(ctx, conn, c.guard, c.params)
 	}
 }
 
-// storeOne sends one commit (its guard, then its statements) as one
+// storeOne sends one commit (its guard, then its statement) as one
 // implicit transaction.
-func (e *Engine) storeOne(ctx context.Context, conn *pgxpool.Conn, guard *Guard, rows *commitRows, old []byte) error {
+func storeOne(ctx context.Context, conn *pgxpool.Conn, guard *Guard, params *commitParams) error {
 	b := &pgx.Batch{}
-	e.queueGuarded(b, guard, rows, old)
+	queue(b, guard, params)
 	return send(ctx, conn, b)
-}
-
-// queueGuarded adds a commit's guard, if any, then its statements to b.
-func (e *Engine) queueGuarded(b *pgx.Batch, guard *Guard, rows *commitRows, old []byte) {
-	if guard != nil {
-		b.Queue(guard.SQL, guard.Args...)
-	}
-	e.queue(b, rows, old)
 }
 
 // send sends b and reads every answer. A connection that failed without
@@ -222,8 +206,7 @@ func (e *Engine) queueGuarded(b *pgx.Batch, guard *Guard, rows *commitRows, old 
 // pool then drops it).
 func send(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) error {
 	err := conn.SendBatch(ctx, b).Close()
-	var pe *pgconn.PgError
-	if err != nil && !errors.As(err, &pe) {
+	if err != nil && !db.FromServer(err) {
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
 	}
 	return err
@@ -252,17 +235,4 @@ func (l *lazyConn) release() {
 		l.conn.Release()
 		l.conn = nil
 	}
-}
-
-// size is about what storing c sends: the commit, the MST nodes, the
-// records and the event.
-func (c *commitRows) size() int {
-	n := len(c.commit) + len(c.ev.Body)
-	for _, d := range c.nodeData {
-		n += len(d)
-	}
-	for _, d := range c.upData {
-		n += len(d)
-	}
-	return n
 }

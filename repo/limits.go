@@ -5,27 +5,6 @@ import (
 	"fmt"
 )
 
-// Protocol limits, with the numbers the atproto specs give. They are checked
-// in one place (checkCommitLimits and encodeRecord) on the bytes that are
-// stored and sent.
-const (
-	// MaxRecordCBORBytes is the data-model limit on one record as DAG-CBOR
-	// (MAX_CBOR_RECORD_SIZE in the data-validation guide).
-	MaxRecordCBORBytes = 1_048_576
-	// MaxCommitRecordBlockBytes is the sync spec's hard limit on one record
-	// block inside a #commit. It is lower than MaxRecordCBORBytes, so it is
-	// the effective ceiling on a record written through this engine.
-	MaxCommitRecordBlockBytes = 1_000_000
-	// MaxCommitBlocksBytes bounds the CAR of all blocks of one #commit
-	// (header, commit, MST nodes, records): the lexicon's maxLength and the
-	// relay's MaxMessageBlocksBytes.
-	MaxCommitBlocksBytes = 2_000_000
-	// MaxCommitOps is the most operations one commit may carry.
-	MaxCommitOps = 200
-	// MaxFrameBytes is the largest event-stream frame relays accept.
-	MaxFrameBytes = 5_000_000
-)
-
 // Sentinel errors. Handlers map these to XRPC error names with errors.Is.
 var (
 	// ErrRepoNotFound means no repository is hosted for the DID.

@@ -20,32 +20,6 @@ INSERT INTO repo_nodes (did, cid, rev, data)
 SELECT $1, t.cid, $3, t.data FROM unnest($2::bytea[], $4::bytea[]) AS t(cid, data)
 ON CONFLICT (did, cid) DO NOTHING;
 
--- name: DeleteNodes
--- Each key is looked up on its own (full primary key: always an index
--- probe) and the rows deleted by ctid. The obvious "did = $1 AND cid =
--- ANY($2)" or a join on unnest lets a generic plan use only did in the
--- index condition and filter every node of the repository.
-DELETE FROM repo_nodes
-WHERE ctid = ANY (ARRAY(
-    SELECT (SELECT n.ctid FROM repo_nodes n WHERE n.did = $1 AND n.cid = t.cid)
-    FROM unnest($2::bytea[]) AS t(cid)
-));
-
--- name: UpsertRecords
-INSERT INTO records (did, collection, rkey, cid, rev, data)
-SELECT $1, t.collection, t.rkey, t.cid, $2, t.data
-FROM unnest($3::text[], $4::text[], $5::bytea[], $6::bytea[]) AS t(collection, rkey, cid, data)
-ON CONFLICT (did, collection, rkey) DO UPDATE
-SET cid = excluded.cid, rev = excluded.rev, data = excluded.data;
-
--- name: DeleteRecords
--- Keyed lookups then delete by ctid, for the reason given at DeleteNodes.
-DELETE FROM records
-WHERE ctid = ANY (ARRAY(
-    SELECT (SELECT r.ctid FROM records r WHERE r.did = $1 AND r.collection = t.collection AND r.rkey = t.rkey)
-    FROM unnest($2::text[], $3::text[]) AS t(collection, rkey)
-));
-
 -- name: GetRecord
 SELECT cid, data FROM records WHERE did = $1 AND collection = $2 AND rkey = $3;
 
@@ -89,10 +63,6 @@ LIMIT 1;
 -- name: CountRecords
 SELECT count(*) FROM records WHERE did = $1;
 
--- name: GlobalCommitLock
--- Benchmark only: the serialise-everything alternative to the sequencer.
-SELECT pg_advisory_xact_lock(7431);
-
 -- name: DeleteRepoRecords
 DELETE FROM records WHERE did = $1;
 
@@ -103,11 +73,13 @@ DELETE FROM repo_nodes WHERE did = $1;
 DELETE FROM repo_roots WHERE did = $1;
 
 -- name: Commit
--- A whole commit in one statement: bulwark_commit (migrations/00008,
--- 00010).
-SELECT bulwark_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22);
-
--- name: SwapRoot
--- Moves the root from commit $2 to $3 (taking the row lock), or raises
--- SQLSTATE BW001 when the repo's commit is not $2 (migrations/00007).
-SELECT bulwark_swap_root($1, $2, $3, $4, $5, $6);
+-- A whole commit in one statement: bulwark_commit (migrations/00010), its
+-- arguments named as the function declares them. commitParams.args gives
+-- them in this order.
+SELECT bulwark_commit(
+    p_did => $1, p_old => $2, p_commit => $3, p_commit_data => $4, p_data => $5, p_rev => $6,
+    p_rm_nodes => $7, p_node_cids => $8, p_node_data => $9,
+    p_del_cols => $10, p_del_rkeys => $11,
+    p_up_cols => $12, p_up_rkeys => $13, p_up_cids => $14, p_up_data => $15,
+    p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
+    p_fresh_nodes => $22);

@@ -30,12 +30,12 @@ type Record struct {
 func (e *Engine) GetRecord(ctx context.Context, did syntax.DID, collection syntax.NSID, rkey syntax.RecordKey) (*Record, error) {
 	var raw []byte
 	rec := Record{Collection: collection, RKey: rkey}
-	err := e.pool.QueryRow(ctx, qGetRecord, did.String(), collection.String(), rkey.String()).Scan(&raw, &rec.Data)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(e.pool.QueryRow(ctx, qGetRecord, did.String(), collection.String(), rkey.String()).Scan(&raw, &rec.Data))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, fmt.Errorf("%w: at://%s/%s/%s", ErrRecordNotFound, did, collection, rkey)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading record: %w", db.Translate(err))
+		return nil, fmt.Errorf("reading record: %w", err)
 	}
 	if rec.CID, err = cid.Cast(raw); err != nil {
 		return nil, fmt.Errorf("%w: record cid: %v", ErrCorruptRepo, err)
@@ -140,12 +140,12 @@ func streamBlocks(ctx context.Context, tx pgx.Tx, q string, did syntax.DID, sinc
 // record) by CID.
 func (e *Engine) GetBlock(ctx context.Context, did syntax.DID, c cid.Cid) ([]byte, error) {
 	var data []byte
-	err := e.pool.QueryRow(ctx, qGetBlockByCID, did.String(), c.Bytes()).Scan(&data)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(e.pool.QueryRow(ctx, qGetBlockByCID, did.String(), c.Bytes()).Scan(&data))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil, fmt.Errorf("%w: block %s", ErrRecordNotFound, c)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading block: %w", db.Translate(err))
+		return nil, fmt.Errorf("reading block: %w", err)
 	}
 	return data, nil
 }

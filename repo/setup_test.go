@@ -19,10 +19,11 @@ import (
 	"github.com/ipfs/go-cid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -47,23 +48,33 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	engine *Engine
 	keys   *testKeys
-	seq    *firehose.Sequencer
-	log    *firehose.Log
+	seq    *eventlog.Sequencer
+	log    *eventlog.Log
 	// stopSeq stops seq where a benchmark runs it (benchSetup).
 	stopSeq func()
 }
 
+// newCounters returns counters of an engine's own, registered nowhere, so
+// that a test reads what its engine did and nothing else.
+func newCounters() *counters {
+	c := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "test"}) }
+	return &counters{staleRoots: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c()}
+}
+
 func setup(t testing.TB, cfg Config) *bundle {
 	t.Helper()
+	if cfg.counters == nil {
+		cfg.counters = newCounters()
+	}
 	pool := dbtest.New(t)
 	keys := &testKeys{keys: map[syntax.DID]*atcrypto.PrivateKeyK256{}}
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{})
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{})
 	return &bundle{
 		pool:   pool,
 		engine: New(pool, keys, nil, cfg),
 		keys:   keys,
 		seq:    seq,
-		log:    firehose.NewLog(pool),
+		log:    eventlog.NewLog(pool),
 	}
 }
 
@@ -85,7 +96,7 @@ func (b *bundle) newRepo(t testing.TB, n int) syntax.DID {
 		if err != nil {
 			return err
 		}
-		return firehose.Append(ctx, tx, ev)
+		return eventlog.Append(ctx, tx, ev)
 	})
 	require.NoError(t, err)
 	return did
@@ -134,7 +145,7 @@ func (b *bundle) counts(t testing.TB) map[string]int {
 }
 
 // sequencedEvents sequences everything pending and returns the whole log.
-func (b *bundle) sequencedEvents(t testing.TB) []firehose.Event {
+func (b *bundle) sequencedEvents(t testing.TB) []eventlog.Event {
 	t.Helper()
 	ctx := context.Background()
 	for {
@@ -144,7 +155,7 @@ func (b *bundle) sequencedEvents(t testing.TB) []firehose.Event {
 			break
 		}
 	}
-	var all []firehose.Event
+	var all []eventlog.Event
 	var after int64
 	for {
 		page, err := b.log.After(ctx, after, 500)
@@ -159,9 +170,9 @@ func (b *bundle) sequencedEvents(t testing.TB) []firehose.Event {
 
 // decodeCommit turns a stored #commit back into the lexicon type, through
 // the frame bytes a subscriber would receive.
-func decodeCommit(t testing.TB, ev firehose.Event) *comatproto.SyncSubscribeRepos_Commit {
+func decodeCommit(t testing.TB, ev eventlog.Event) *comatproto.SyncSubscribeRepos_Commit {
 	t.Helper()
-	frame := firehose.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq)
+	frame := eventlog.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq)
 	r := bytes.NewReader(frame)
 	var hdr events.EventHeader
 	require.NoError(t, hdr.UnmarshalCBOR(r))
@@ -175,7 +186,7 @@ func decodeCommit(t testing.TB, ev firehose.Event) *comatproto.SyncSubscribeRepo
 
 // verifyChain checks every #commit with indigo (inversion against prevData,
 // signature) and that since/prevData chain per repo.
-func (b *bundle) verifyChain(t testing.TB, events []firehose.Event) map[syntax.DID]int {
+func (b *bundle) verifyChain(t testing.TB, events []eventlog.Event) map[syntax.DID]int {
 	t.Helper()
 	ctx := context.Background()
 	type last struct {
@@ -189,9 +200,9 @@ func (b *bundle) verifyChain(t testing.TB, events []firehose.Event) map[syntax.D
 		require.Greater(t, ev.Seq, prevSeq, "seq must increase")
 		prevSeq = ev.Seq
 		switch ev.Kind {
-		case firehose.KindSync:
+		case eventlog.KindSync:
 			heads[ev.DID] = last{rev: ev.Rev}
-		case firehose.KindCommit:
+		case eventlog.KindCommit:
 			c := decodeCommit(t, ev)
 			r, err := atrepo.VerifyCommitMessage(ctx, c)
 			require.NoError(t, err, "indigo rejects commit seq %d", ev.Seq)

@@ -7,20 +7,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 )
 
 // newFirehose builds the event pipeline: the sequencer (writers wake it),
 // the hub serving subscribeRepos, retention pruning and relay
 // notification, and returns the background services that run them.
-func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*firehose.Sequencer, *firehose.Hub, []service) {
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: logger})
-	log := firehose.NewLog(pool)
+func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*eventlog.Sequencer, *firehose.Hub, []service) {
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: logger})
+	log := eventlog.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
 		Logger: logger,
 		// The event a stuck consumer cannot get past, for the warning.
-		Inspect: func(ctx context.Context, seq int64) (*firehose.EventInfo, error) {
-			evs, err := log.Inspect(ctx, firehose.EventFilter{FromSeq: seq, Limit: 1})
+		Inspect: func(ctx context.Context, seq int64) (*eventlog.EventInfo, error) {
+			evs, err := log.Inspect(ctx, eventlog.EventFilter{FromSeq: seq, Limit: 1})
 			if err != nil || len(evs) == 0 {
 				return nil, err
 			}
@@ -29,7 +30,7 @@ func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*
 	})
 	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Health: health, DisableOversizeSync: !cfg.FirehoseOversizeSync, Logger: logger})
 	seq.OnSequenced(hub.Notify)
-	pruner := firehose.NewPruner(pool, firehose.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
+	pruner := eventlog.NewPruner(pool, eventlog.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
 	services := []service{
 		{name: "sequencer", run: seq.Run},
 		{name: "firehose", run: hub.Run},

@@ -9,7 +9,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
@@ -26,7 +26,7 @@ type protection struct {
 // registers them, the pool and the sequencer with the metrics, and returns
 // the services that run beside the server: the limiters' pruning and, when
 // --metrics-listen is set, the private metrics and pprof listener.
-func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *firehose.Sequencer, logger *slog.Logger) (*protection, error) {
+func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *eventlog.Sequencer, logger *slog.Logger) (*protection, error) {
 	queue := cfg.InflightQueue
 	if queue == 0 {
 		queue = -1 // budget.Config: negative is "no queue"
@@ -41,7 +41,7 @@ func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *firehose.Sequenc
 		return nil, fmt.Errorf("rate limits: %w", err)
 	}
 	metrics.RegisterPool(pool)
-	metrics.RegisterBudget(p.budget)
+	metrics.RegisterBudget(func() metrics.BudgetStats { return metrics.BudgetStats(p.budget.Stats()) })
 	metrics.RegisterLimiters(p.limits.All()...)
 	if seq != nil {
 		seq.OnSequenced(func(lastSeq int64) { metrics.EventLogLastSeq.Set(float64(lastSeq)) })

@@ -145,7 +145,8 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logg
 	if err != nil {
 		return nil, nil, err
 	}
-	metrics.RegisterExportSlots(srv.ExportSlots())
+	slots := srv.ExportSlots()
+	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())
 	return srv, services, nil
 }

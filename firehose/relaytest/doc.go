@@ -3,6 +3,6 @@
 //
 // It is a package of its own because indigo's relay stream package and its
 // events package register the same Prometheus metrics: a test binary that
-// links both panics at init (INDIGO.md, trap 7). Nothing here may import
+// links both panics at init. Nothing here may import
 // indigo's events package, directly or through Bulwark code.
 package relaytest

@@ -34,6 +34,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 	"github.com/bulwark-pds/bulwark/pds"
@@ -51,7 +52,7 @@ type repairEnv struct {
 	pool   *pgxpool.Pool
 	hub    *firehose.Hub
 	engine *repo.Engine
-	seq    *firehose.Sequencer
+	seq    *eventlog.Sequencer
 	keys   *repotest.Keys
 	// stopSeq stops the running sequencer and waits for it; startSeq runs
 	// it again. Events committed in between stay unsequenced: no consumer
@@ -77,7 +78,7 @@ func newRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *repa
 	}
 	e.badRev = last.Rev
 	require.Eventually(t, func() bool {
-		l, err := firehose.NewLog(e.pool).LastSeq(ctx)
+		l, err := eventlog.NewLog(e.pool).LastSeq(ctx)
 		return err == nil && l >= 4
 	}, 30*time.Second, 5*time.Millisecond)
 	e.badSeq = e.seqOf(t, ctx, e.badRev)
@@ -89,12 +90,12 @@ func startRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *re
 	t.Helper()
 	pool := dbtest.New(t)
 	ks := repotest.NewKeys()
-	seq := firehose.NewSequencer(pool, firehose.SequencerConfig{Logger: quiet})
-	evlog := firehose.NewLog(pool)
+	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quiet})
+	evlog := eventlog.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
 		Logger: quiet,
-		Inspect: func(ctx context.Context, seq int64) (*firehose.EventInfo, error) {
-			evs, err := evlog.Inspect(ctx, firehose.EventFilter{FromSeq: seq, Limit: 1})
+		Inspect: func(ctx context.Context, seq int64) (*eventlog.EventInfo, error) {
+			evs, err := evlog.Inspect(ctx, eventlog.EventFilter{FromSeq: seq, Limit: 1})
 			if err != nil || len(evs) == 0 {
 				return nil, err
 			}
@@ -163,7 +164,7 @@ func (e *repairEnv) createAccount(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return firehose.Append(ctx, tx, ev)
+		return eventlog.Append(ctx, tx, ev)
 	}))
 	e.seq.Wake()
 }
@@ -195,10 +196,10 @@ func (e *repairEnv) seqOf(t *testing.T, ctx context.Context, rev string) int64 {
 func inflate(t *testing.T, pool *pgxpool.Pool, where string, arg int64, n int) {
 	t.Helper()
 	ctx := context.Background()
-	var ev firehose.Event
-	ev.Kind = firehose.KindCommit
+	var ev eventlog.Event
+	ev.Kind = eventlog.KindCommit
 	require.NoError(t, pool.QueryRow(ctx, "SELECT id, body, seq_offset FROM events WHERE "+where, arg).Scan(&arg, &ev.Body, &ev.SeqOffset))
-	frame := firehose.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, 0)
+	frame := eventlog.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, 0)
 	r := bytes.NewReader(frame)
 	var hdr stream.EventHeader
 	require.NoError(t, hdr.UnmarshalCBOR(r))
@@ -211,7 +212,7 @@ func inflate(t *testing.T, pool *pgxpool.Pool, where string, arg int64, n int) {
 
 	marker := []byte("BLOCKS-PLACEHOLDER:") // under 24 bytes: a one-byte head
 	c.Blocks = marker
-	enc, err := firehose.EncodeCommit(&c)
+	enc, err := eventlog.EncodeCommit(&c)
 	require.NoError(t, err)
 	at := bytes.Index(enc.Body, marker) - 1
 	body := append([]byte{}, enc.Body[:at]...)
@@ -337,7 +338,7 @@ func TestStuckConsumerRepairedByAdmin(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "Bulwark must flag the looping consumer within 30 s")
 	require.Equal(t, e.badSeq, stuck.Seq)
 	require.Equal(t, e.badSeq-1, stuck.Cursor)
-	require.Equal(t, firehose.KindCommit, stuck.Event.Kind)
+	require.Equal(t, eventlog.KindCommit, stuck.Event.Kind)
 	require.Greater(t, stuck.Event.FrameBytes, relayReadLimit)
 	require.NotEmpty(t, stuck.Event.Problems)
 	require.Less(t, n.cursor.Load(), e.badSeq, "still stuck before the repair")
@@ -353,10 +354,10 @@ func TestStuckConsumerRepairedByAdmin(t *testing.T) {
 
 	// The #sync now at that seq is genuine: indigo verifies its commit
 	// signature against the account's DID document.
-	evs, err := firehose.NewLog(e.pool).After(ctx, e.badSeq-1, 1)
+	evs, err := eventlog.NewLog(e.pool).After(ctx, e.badSeq-1, 1)
 	require.NoError(t, err)
-	require.Equal(t, firehose.KindSync, evs[0].Kind)
-	frame := firehose.AppendFrame(nil, evs[0].Kind, evs[0].Body, evs[0].SeqOffset, evs[0].Seq)
+	require.Equal(t, eventlog.KindSync, evs[0].Kind)
+	frame := eventlog.AppendFrame(nil, evs[0].Kind, evs[0].Body, evs[0].SeqOffset, evs[0].Seq)
 	r := bytes.NewReader(frame)
 	var hdr stream.EventHeader
 	require.NoError(t, hdr.UnmarshalCBOR(r))
@@ -487,7 +488,7 @@ func TestIndigoRelayResumesAfterRewriteAsSync(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "Bulwark must flag the relay stuck at the oversized seq within 30 s")
 	require.Contains(t, who.UserAgent, "indigo-relay")
 	require.Equal(t, e.badSeq-1, stuck.Cursor)
-	require.Equal(t, firehose.KindCommit, stuck.Event.Kind)
+	require.Equal(t, eventlog.KindCommit, stuck.Event.Kind)
 	require.Greater(t, stuck.Event.FrameBytes, stream.MaxMessageBytes)
 	require.NotEmpty(t, stuck.Event.Problems)
 

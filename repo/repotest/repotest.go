@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -78,7 +78,7 @@ func CreateRepo(t testing.TB, pool *pgxpool.Pool, engine *repo.Engine, keys *Key
 		if err != nil {
 			return err
 		}
-		return firehose.Append(ctx, tx, ev)
+		return eventlog.Append(ctx, tx, ev)
 	}))
 	return key
 }

@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"context"
@@ -10,6 +10,10 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db"
 )
+
+// DefaultRetention is how long events are kept, and replayable, unless
+// configured.
+const DefaultRetention = 72 * time.Hour
 
 // PrunerConfig tunes a Pruner. The zero value works.
 type PrunerConfig struct {

@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // oversizedCommit stores, as a bug or an import could, a #commit whose
@@ -83,7 +84,7 @@ func TestRewriteAsSyncAndInvalidate(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, bad, 1)
 	require.Equal(t, seq, bad[0].Seq)
-	require.Greater(t, bad[0].FrameBytes, MaxFrameBytes)
+	require.Greater(t, bad[0].FrameBytes, limits.MaxFrameBytes)
 	require.Len(t, bad[0].Problems, 2, "frame and blocks limits")
 
 	res, err := log.RewriteAsSync(ctx, seq, "admin", "relays stuck at this seq")
@@ -110,7 +111,7 @@ func TestRewriteAsSyncAndInvalidate(t *testing.T) {
 	got, _, err := atrepo.LoadCommitFromCAR(ctx, bytes.NewReader(s.Blocks))
 	require.NoError(t, err)
 	require.Equal(t, commit.Sig, got.Sig)
-	require.LessOrEqual(t, len(s.Blocks), MaxSyncBlocksBytes)
+	require.LessOrEqual(t, len(s.Blocks), limits.MaxSyncBlocksBytes)
 
 	_, err = log.RewriteAsSync(ctx, 999999, "admin", "")
 	require.ErrorIs(t, err, ErrNoEvent)

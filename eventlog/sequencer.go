@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"context"
@@ -8,14 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
-)
-
-var (
-	qTryLeadership = queries.MustGet("TryLeadership")
 )
 
 // NotifyChannel is the Postgres LISTEN channel on which the sequencer
@@ -138,7 +133,7 @@ func (s *Sequencer) lead(ctx context.Context) error {
 
 	var leader bool
 	if err := pc.QueryRow(ctx, qTryLeadership, sequencerLockKey).Scan(&leader); err != nil {
-		return fmt.Errorf("trying leadership: %w", err)
+		return fmt.Errorf("trying leadership: %w", db.Translate(err))
 	}
 	if !leader {
 		return nil
@@ -180,12 +175,12 @@ func (s *Sequencer) lead(ctx context.Context) error {
 // tools that run without a leader loop.
 func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
 	var n, last int64
-	err := s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize).Scan(&n, &last)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := db.Translate(s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize).Scan(&n, &last))
+	if errors.Is(err, db.ErrNotFound) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sequencing events: %w", db.Translate(err))
+		return 0, fmt.Errorf("sequencing events: %w", err)
 	}
 	s.mu.Lock()
 	ls := s.listeners
@@ -197,10 +192,11 @@ func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
 }
 
 // RaiseSeq makes the next seq greater than floor (for a relay whose cursor is
-// ahead of this server after a restore). It returns the new last seq.
-func RaiseSeq(ctx context.Context, pool *pgxpool.Pool, floor int64) (int64, error) {
+// ahead of this server after a restore), through q. It returns the new last
+// seq.
+func RaiseSeq(ctx context.Context, q db.DBTX, floor int64) (int64, error) {
 	var last int64
-	if err := pool.QueryRow(ctx, qRaiseLastSeq, floor).Scan(&last); err != nil {
+	if err := q.QueryRow(ctx, qRaiseLastSeq, floor).Scan(&last); err != nil {
 		return 0, fmt.Errorf("raising seq: %w", db.Translate(err))
 	}
 	return last, nil

@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"context"
@@ -8,13 +8,15 @@ import (
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
-// Firehose repair: the operations operators used to do by hand-editing the
+// Event log repair: the operations operators used to do by hand-editing the
 // events table, done transactionally, idempotently and audited.
 
 //go:embed repair.sql
@@ -102,20 +104,20 @@ func (l *Log) Inspect(ctx context.Context, f EventFilter) ([]EventInfo, error) {
 // problems names the protocol limits an event of this shape breaks.
 func problems(kind Kind, frame, blocks, ops int) []string {
 	var p []string
-	if frame > MaxFrameBytes {
-		p = append(p, fmt.Sprintf("frame is %d bytes; relays drop the connection above %d", frame, MaxFrameBytes))
+	if frame > limits.MaxFrameBytes {
+		p = append(p, fmt.Sprintf("frame is %d bytes; relays drop the connection above %d", frame, limits.MaxFrameBytes))
 	}
 	switch kind {
 	case KindCommit:
-		if blocks > relayMaxBlocksBytes {
-			p = append(p, fmt.Sprintf("blocks are %d bytes; relays drop commits above %d", blocks, relayMaxBlocksBytes))
+		if blocks > limits.MaxCommitBlocksBytes {
+			p = append(p, fmt.Sprintf("blocks are %d bytes; relays drop commits above %d", blocks, limits.MaxCommitBlocksBytes))
 		}
-		if ops > relayMaxOps {
-			p = append(p, fmt.Sprintf("%d ops; relays drop commits above %d", ops, relayMaxOps))
+		if ops > limits.MaxCommitOps {
+			p = append(p, fmt.Sprintf("%d ops; relays drop commits above %d", ops, limits.MaxCommitOps))
 		}
 	case KindSync:
-		if blocks > MaxSyncBlocksBytes {
-			p = append(p, fmt.Sprintf("#sync blocks are %d bytes; the lexicon allows %d", blocks, MaxSyncBlocksBytes))
+		if blocks > limits.MaxSyncBlocksBytes {
+			p = append(p, fmt.Sprintf("#sync blocks are %d bytes; the lexicon allows %d", blocks, limits.MaxSyncBlocksBytes))
 		}
 	}
 	return p
@@ -167,12 +169,12 @@ func (l *Log) repair(ctx context.Context, seq int64, action, actor, reason strin
 		ev := Event{Seq: seq}
 		var kind string
 		var invalidated bool
-		err := tx.QueryRow(ctx, qLockEvent, seq).Scan(&ev.DID, &kind, &ev.Rev, &ev.Body, &ev.SeqOffset, &ev.BlocksLen, &ev.OpsCount, &invalidated)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := db.Translate(tx.QueryRow(ctx, qLockEvent, seq).Scan(&ev.DID, &kind, &ev.Rev, &ev.Body, &ev.SeqOffset, &ev.BlocksLen, &ev.OpsCount, &invalidated))
+		if errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("%w: seq %d", ErrNoEvent, seq)
 		}
 		if err != nil {
-			return fmt.Errorf("locking event %d: %w", seq, db.Translate(err))
+			return fmt.Errorf("locking event %d: %w", seq, err)
 		}
 		ev.Kind = Kind(kind)
 		before := info(&ev, invalidated)
@@ -270,8 +272,9 @@ func (l *Log) RaiseSeqAudited(ctx context.Context, floor int64, actor, reason st
 		if err := tx.QueryRow(ctx, qLockSequencer).Scan(&before); err != nil {
 			return fmt.Errorf("reading last seq: %w", db.Translate(err))
 		}
-		if err := tx.QueryRow(ctx, qRaiseLastSeq, floor).Scan(&after); err != nil {
-			return fmt.Errorf("raising seq: %w", db.Translate(err))
+		var err error
+		if after, err = RaiseSeq(ctx, tx, floor); err != nil {
+			return err
 		}
 		if after == before {
 			return nil
@@ -282,4 +285,34 @@ func (l *Log) RaiseSeqAudited(ctx context.Context, floor int64, actor, reason st
 		})
 	})
 	return before, after, err
+}
+
+// SyncSource builds the #sync event for did's current commit, read through
+// q so that it sees the caller's transaction (the repository engine's
+// SyncEvent).
+type SyncSource func(ctx context.Context, q db.DBTX, did syntax.DID) (*Encoded, error)
+
+// EmitSync appends a fresh #sync for did, built by sync from the repository
+// as it stands, with an audit entry, in one transaction: consumers that lost
+// track of the repository re-fetch it. It returns the rev announced.
+func (l *Log) EmitSync(ctx context.Context, did syntax.DID, sync SyncSource, actor, reason string) (string, error) {
+	var rev string
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		ev, err := sync(ctx, tx, did)
+		if err != nil {
+			return err
+		}
+		if err := Append(ctx, tx, ev); err != nil {
+			return err
+		}
+		rev = ev.Rev
+		return audit.Record(ctx, tx, &audit.Entry{
+			Actor: actor, Action: "firehose.emitSync", Subject: did.String(),
+			After: map[string]string{"rev": ev.Rev}, Reason: reason,
+		})
+	})
+	if err != nil {
+		return "", err
+	}
+	return rev, nil
 }

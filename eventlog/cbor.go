@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"encoding/binary"

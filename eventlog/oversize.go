@@ -1,4 +1,4 @@
-package firehose
+package eventlog
 
 import (
 	"bytes"
@@ -10,14 +10,8 @@ import (
 	"github.com/ipfs/go-cid"
 	car "github.com/ipld/go-car"
 	carutil "github.com/ipld/go-car/util"
-)
 
-// Limits relays enforce on one event (sync spec; indigo's relay
-// MaxMessageBlocksBytes and MaxCommitOps). An event over them is dropped by
-// the relay, so it is never sent as stored.
-const (
-	relayMaxBlocksBytes = 2_000_000
-	relayMaxOps         = 200
+	"github.com/bulwark-pds/bulwark/limits"
 )
 
 // errNoCommitBlock means a stored event's CAR lacks the block of its first
@@ -25,27 +19,28 @@ const (
 var errNoCommitBlock = errors.New("commit block not found in event blocks")
 
 // Oversized reports whether ev must not go on the wire as stored: its frame
-// would exceed MaxFrameBytes, or its blocks or ops exceed what relays accept.
+// would exceed limits.MaxFrameBytes, or its blocks or ops exceed what relays
+// accept (relays drop such an event, so it is never sent as stored).
 // Such events (imported, legacy or repaired) are served as #sync.
 func Oversized(ev *Event) bool {
-	if ev.FrameSize() > MaxFrameBytes {
+	if ev.FrameSize() > limits.MaxFrameBytes {
 		return true
 	}
 	switch ev.Kind {
 	case KindCommit:
-		return ev.BlocksLen > relayMaxBlocksBytes || ev.OpsCount > relayMaxOps
+		return ev.BlocksLen > limits.MaxCommitBlocksBytes || ev.OpsCount > limits.MaxCommitOps
 	case KindSync:
-		return ev.BlocksLen > MaxSyncBlocksBytes
+		return ev.BlocksLen > limits.MaxSyncBlocksBytes
 	}
 	return false
 }
 
-// syncFrame builds the #sync frame that replaces an oversized #commit or
+// SyncFrame builds the #sync frame that replaces an oversized #commit or
 // #sync: same seq, repo and rev, with a CAR holding only the signed commit
 // block, which tells consumers to re-fetch the repo with getRepo. The stored
 // body is read with the minimal reader of syncFromStored, since cbor-gen
 // refuses the byte strings over 2 MiB such events carry.
-func syncFrame(ev *Event) ([]byte, error) {
+func SyncFrame(ev *Event) ([]byte, error) {
 	body, err := syncFromStored(ev)
 	if err != nil {
 		return nil, err
