@@ -1,0 +1,252 @@
+package proxy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// LocalState is what read-after-write needs to know of the caller's own
+// repository.
+type LocalState interface {
+	// RepoRev returns the account's current repository revision (a TID),
+	// "" when it has none.
+	RepoRev(ctx context.Context, did syntax.DID) (string, error)
+	// RecordsSince returns the account's app.bsky.feed.post records and
+	// its app.bsky.actor.profile/self record written after rev (a TID),
+	// with its handle and current profile. Nil or empty: nothing to add.
+	// Like the reference PDS, it should return nothing when rev is older
+	// than every local record (an account that migrated in).
+	RecordsSince(ctx context.Context, did syntax.DID, rev string) (*LocalRecords, error)
+}
+
+// LocalRecords are an account's records newer than what the app view has
+// seen.
+type LocalRecords struct {
+	// Handle is the account's handle ("" is shown as handle.invalid).
+	Handle string
+	// Profile is the account's current profile record, nil when it has
+	// none. Spliced posts' author is built from it, changed or not.
+	Profile *Record
+	// ProfileChanged is true when Profile was written after the rev: only
+	// then are the app view's profile views updated from it.
+	ProfileChanged bool
+	// Posts are the posts written after the rev, oldest first. Only the
+	// newest MaxLocalPosts are used.
+	Posts []Record
+}
+
+// Record is one record of the caller's repository.
+type Record struct {
+	// URI is at://<did>/<collection>/<rkey>.
+	URI syntax.ATURI
+	// CID is the record's CID.
+	CID syntax.CID
+	// IndexedAt is when the PDS stored it.
+	IndexedAt time.Time
+	// Value is the record in atproto JSON form (blobs as {"$type":
+	// "blob", "ref": {"$link": …}, …}).
+	Value json.RawMessage
+}
+
+// MaxLocalPosts bounds the posts spliced into one response.
+const MaxLocalPosts = 25
+
+// UpstreamLagHeader carries how far behind the upstream was (ms) when
+// local records were spliced in.
+const UpstreamLagHeader = "Atproto-Upstream-Lag"
+
+// munger splices local records into a decoded response body. It reports
+// whether it changed anything.
+type munger func(v *viewer, body map[string]any, q url.Values) bool
+
+// rawMethods are the app view reads whose answers get the caller's own
+// recent writes.
+var rawMethods = map[syntax.NSID]munger{
+	"app.bsky.feed.getTimeline":   mungeTimeline,
+	"app.bsky.feed.getAuthorFeed": mungeAuthorFeed,
+	"app.bsky.feed.getActorLikes": mungeActorLikes,
+	"app.bsky.feed.getPostThread": mungePostThread,
+	"app.bsky.actor.getProfile":   mungeProfile,
+	"app.bsky.actor.getProfiles":  mungeProfiles,
+}
+
+func (p *Proxy) rawEligible(r *http.Request, nsid syntax.NSID, c Caller) bool {
+	return p.cfg.Local != nil && c.Authenticated && c.DID != "" &&
+		r.Method == http.MethodGet && rawMethods[nsid] != nil
+}
+
+// behind reports whether resp, a JSON answer stamped with the upstream's
+// view of the caller's repository (atproto-repo-rev), is older than the
+// repository, and returns that upstream rev.
+func (p *Proxy) behind(ctx context.Context, resp *http.Response, did syntax.DID) (string, bool) {
+	rev := resp.Header.Get("Atproto-Repo-Rev")
+	if _, err := syntax.ParseTID(rev); err != nil {
+		return "", false
+	}
+	if !isJSON(resp.Header.Get("Content-Type")) {
+		return "", false
+	}
+	local, err := p.cfg.Local.RepoRev(ctx, did)
+	if err != nil {
+		p.logger.Warn("read-after-write: repo rev lookup failed", "did", did, "error", err)
+		return "", false
+	}
+	// TIDs sort as strings.
+	return rev, local > rev
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/json" || (len(mt) > 5 && mt[len(mt)-5:] == "+json"))
+}
+
+// readAfterWrite buffers resp (within MaxResponseBytes), splices the
+// caller's records newer than rev into it and writes the result; when
+// there is nothing to splice or the answer cannot be read, the upstream's
+// bytes go out unchanged.
+func (ex *exchange) readAfterWrite(w http.ResponseWriter, r *http.Request, resp *http.Response, c Caller, rev string) error {
+	raw, err := ex.readAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	out, lag := ex.p.splice(r.Context(), raw, resp.Header.Get("Content-Encoding"), r.URL.Query(), rawMethods[ex.nsid], c.DID, rev)
+	if out == nil {
+		ex.writeHeader(w, resp)
+		_, _ = w.Write(raw) // a failed write means the client left
+		return nil
+	}
+	h := w.Header()
+	for _, name := range []string{"Content-Language", "Atproto-Repo-Rev", "Atproto-Content-Labelers"} {
+		if v := resp.Header.Values(name); len(v) > 0 {
+			h[name] = append([]string(nil), v...)
+		}
+	}
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	h.Set(UpstreamLagHeader, strconv.FormatInt(lag.Milliseconds(), 10))
+	ex.status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(out)
+	return nil
+}
+
+// readAll reads a whole upstream body under the watchdog, within
+// MaxResponseBytes.
+func (ex *exchange) readAll(body io.Reader) ([]byte, error) {
+	limit := ex.p.cfg.MaxResponseBytes
+	var buf bytes.Buffer
+	chunk := make([]byte, copyBufferSize)
+	for {
+		n, err := ex.read(body, chunk)
+		if int64(buf.Len()+n) > limit {
+			return nil, ex.tooLarge()
+		}
+		buf.Write(chunk[:n])
+		if err == io.EOF {
+			return buf.Bytes(), nil
+		}
+		if err != nil {
+			return nil, ex.failure(err)
+		}
+	}
+}
+
+// splice returns the munged body and the upstream's lag, or nil to send
+// the original.
+func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.Values, munge munger, did syntax.DID, rev string) ([]byte, time.Duration) {
+	local, err := p.cfg.Local.RecordsSince(ctx, did, rev)
+	if err != nil {
+		p.logger.Warn("read-after-write: local records lookup failed", "did", did, "error", err)
+		return nil, 0
+	}
+	if local == nil || (len(local.Posts) == 0 && !local.ProfileChanged) {
+		return nil, 0
+	}
+	plain, err := p.decode(raw, encoding)
+	if err != nil {
+		return nil, 0
+	}
+	body, err := decodeObject(plain)
+	if err != nil {
+		return nil, 0
+	}
+	v := p.newViewer(did, local)
+	if !munge(v, body, q) {
+		return nil, 0
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(body); err != nil {
+		p.logger.Warn("read-after-write: encoding failed", "did", did, "error", err)
+		return nil, 0
+	}
+	return out.Bytes(), local.lag(time.Now())
+}
+
+// decode undoes the content encoding the upstream chose among those
+// acceptEncoding allowed, within MaxResponseBytes.
+func (p *Proxy) decode(raw []byte, encoding string) ([]byte, error) {
+	switch encoding {
+	case "", "identity":
+		return raw, nil
+	case "gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return nil, err
+		}
+		plain, err := io.ReadAll(io.LimitReader(zr, p.cfg.MaxResponseBytes+1))
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(plain)) > p.cfg.MaxResponseBytes {
+			return nil, errors.New("decoded response too large")
+		}
+		return plain, nil
+	default:
+		return nil, errors.New("unsupported content encoding")
+	}
+}
+
+// decodeObject decodes a JSON object keeping numbers as they were written.
+func decodeObject(raw []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return m, nil
+}
+
+// lag is how long ago the oldest spliced record was written: how far the
+// upstream is behind.
+func (l *LocalRecords) lag(now time.Time) time.Duration {
+	var oldest time.Time
+	if l.ProfileChanged && l.Profile != nil {
+		oldest = l.Profile.IndexedAt
+	}
+	for _, p := range l.Posts {
+		if oldest.IsZero() || p.IndexedAt.Before(oldest) {
+			oldest = p.IndexedAt
+		}
+	}
+	if oldest.IsZero() || oldest.After(now) {
+		return 0
+	}
+	return now.Sub(oldest)
+}
