@@ -102,7 +102,8 @@ type Config struct {
 	// as hex or multibase. Empty means generated.
 	PLCRotationKey string
 	// HandleDomains are the handle suffixes users may register under, each
-	// starting with a dot. Default: "." + the host part of Hostname.
+	// starting with a dot. Default: "." + the host part of Hostname, or
+	// ".test" when that cannot end a handle (localhost, an IP address).
 	HandleDomains []string
 	// BlobDir stores blobs on disk. Default: DataDir/blobs.
 	BlobDir string
@@ -278,7 +279,7 @@ func (c *Config) Finalize() error {
 		c.DataDir = abs
 	}
 	if len(c.HandleDomains) == 0 && c.Hostname != "" {
-		c.HandleDomains = []string{"." + c.host()}
+		c.HandleDomains = []string{handleDomainFor(c.host())}
 	}
 	for i, d := range c.HandleDomains {
 		c.HandleDomains[i] = strings.ToLower(d)

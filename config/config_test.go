@@ -39,7 +39,7 @@ func TestDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:2583", c.Listen)
 	require.Equal(t, "localhost:2583", c.Hostname, "derived from the listen port")
-	require.Equal(t, []string{".localhost"}, c.HandleDomains)
+	require.Equal(t, []string{".test"}, c.HandleDomains, ".localhost handles are refused across the network")
 	require.True(t, filepath.IsAbs(c.DataDir))
 	require.Equal(t, filepath.Join(c.DataDir, "blobs"), c.BlobDir)
 	require.True(t, c.DevPLC, "a local host name runs its own PLC")
@@ -132,18 +132,21 @@ func TestHostnameForms(t *testing.T) {
 		hostname, did, url string
 		domains            []string
 	}{
-		{"localhost:2583", "did:web:localhost%3A2583", "http://localhost:2583", []string{".localhost"}},
+		{"localhost:2583", "did:web:localhost%3A2583", "http://localhost:2583", []string{".test"}},
+		{"pds.localhost", "did:web:pds.localhost", "http://pds.localhost", []string{".test"}},
+		{"10.0.0.7", "did:web:10.0.0.7", "http://10.0.0.7", []string{".test"}},
 		{"pds.example.com", "did:web:pds.example.com", "https://pds.example.com", []string{".pds.example.com"}},
 		{"PDS.Example.COM", "did:web:pds.example.com", "https://pds.example.com", []string{".pds.example.com"}},
 		{"pds.example.com:8443", "did:web:pds.example.com%3A8443", "http://pds.example.com:8443", []string{".pds.example.com"}}, // with a local PLC below
 		{"dev.test", "did:web:dev.test", "http://dev.test", []string{".dev.test"}},
 		{"127.0.0.1:2583", "did:web:127.0.0.1%3A2583", "http://127.0.0.1:2583", nil},
+		{"pds.internal:2583", "did:web:pds.internal%3A2583", "http://pds.internal:2583", []string{".test"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.hostname, func(t *testing.T) {
 			t.Parallel()
 			args := []string{"--hostname", tt.hostname}
-			if strings.HasSuffix(tt.hostname, ":8443") {
+			if tt.hostname == "pds.example.com:8443" || tt.hostname == "pds.internal:2583" { // public names over http need a local PLC
 				args = append(args, "--plc-url", "http://127.0.0.1:2582")
 			}
 			if tt.domains == nil {
@@ -346,5 +349,5 @@ func TestEmptyEnvIsUnset(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultFirehoseRate, c.FirehoseRate)
 	require.Equal(t, DefaultListen, c.Listen)
-	require.Equal(t, []string{".localhost"}, c.HandleDomains)
+	require.Equal(t, []string{".test"}, c.HandleDomains)
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"strings"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
 	"github.com/bulwark-pds/bulwark/plc"
 )
 
@@ -19,6 +21,19 @@ func hostnameFor(listen string) string {
 		return DefaultHost
 	}
 	return net.JoinHostPort(DefaultHost, port)
+}
+
+// handleDomainFor is the handle suffix a server on host offers by
+// default: ".<host>", unless handles there would be refused across the
+// network (indigo, the reference PDS and its clients refuse .localhost,
+// .local, .internal, ... and IP addresses are no handles at all); then
+// ".test", the suffix reserved for development that they all accept.
+func handleDomainFor(host string) string {
+	h, err := syntax.ParseHandle("a." + host)
+	if err != nil || !h.AllowedTLD() {
+		return ".test"
+	}
+	return "." + host
 }
 
 // deriveIdentity fills the defaults that depend on whether the host name

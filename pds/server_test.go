@@ -269,7 +269,7 @@ func TestDescribeServer(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 		require.JSONEq(t, `{
 			"did": "did:web:localhost%3A2583",
-			"availableUserDomains": [".localhost"],
+			"availableUserDomains": [".test"],
 			"inviteCodeRequired": false,
 			"phoneVerificationRequired": false
 		}`, string(body))

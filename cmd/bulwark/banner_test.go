@@ -19,7 +19,7 @@ func TestBannerText(t *testing.T) {
 	local := startInfo{
 		Program: "bulwark", URL: "http://localhost:2583", AdminURL: defaultAdminURL,
 		DataDir: "/srv/data", DefaultDataDir: "/srv/data",
-		DevPLC: true, PLCURL: "http://localhost:2583", SecretFiles: secrets, HandleDomain: ".localhost",
+		DevPLC: true, PLCURL: "http://localhost:2583", SecretFiles: secrets, HandleDomain: ".test",
 	}
 	tests := []struct {
 		name    string
@@ -32,13 +32,13 @@ func TestBannerText(t *testing.T) {
 			"development PLC at http://localhost:2583",
 			"open, no invite code needed",
 			"/srv/data/secrets/admin-password", "jwt-secret", "plc-rotation-key",
-			"First account:  bulwark admin account create --handle alice.localhost --email alice@example.com\n",
+			"First account:  bulwark admin account create --handle alice.test --email alice@example.com\n",
 			"bulwark config",
 		}, []string{"--url", "--data-dir"}},
 		{"elsewhere", func(i startInfo) startInfo {
 			i.Program, i.AdminURL, i.DefaultDataDir = "./bin/bulwark", "http://127.0.0.1:9000", "/home/me/data"
 			return i
-		}, []string{"./bin/bulwark admin --url http://127.0.0.1:9000 --data-dir /srv/data account create --handle alice.localhost"}, nil},
+		}, []string{"./bin/bulwark admin --url http://127.0.0.1:9000 --data-dir /srv/data account create --handle alice.test"}, nil},
 		{"public", func(i startInfo) startInfo {
 			i.URL, i.DevPLC, i.PLCURL, i.InviteRequired, i.HandleDomain = "https://pds.example.com", false, "https://plc.directory", true, ".pds.example.com"
 			i.SecretFiles = secrets[1:]

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -128,6 +130,24 @@ func createAccount(t *testing.T, base, handle string) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
+// resolvesLikeClients resolves did with the server's URL as PLC URL the
+// way clients do: indigo's default directory with its PLCURL replaced
+// (what goat --plc-host does), and the percent-encoded path
+// @atproto/identity asks for.
+func resolvesLikeClients(t *testing.T, base, did string) {
+	t.Helper()
+	dir := identity.DefaultDirectory()
+	dir.(*identity.CacheDirectory).Inner.(*identity.BaseDirectory).PLCURL = base
+	ident, err := dir.LookupDID(context.Background(), syntax.DID(did))
+	require.NoError(t, err)
+	require.Equal(t, base, ident.PDSEndpoint())
+
+	resp, err := http.Get(base + "/" + strings.ReplaceAll(did, ":", "%3A"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "bulwark")
@@ -166,10 +186,10 @@ func TestDevPLCStaysLocal(t *testing.T) {
 		require.Contains(t, logs, f)
 	}
 	require.Contains(t, logs, filepath.Join(dataDir, "secrets", "admin-password"))
-	require.Contains(t, logs, "admin --url http://127.0.0.1:"+strconv.Itoa(port)+" --data-dir "+dataDir+" account create --handle alice.localhost --email alice@example.com")
+	require.Contains(t, logs, "admin --url http://127.0.0.1:"+strconv.Itoa(port)+" --data-dir "+dataDir+" account create --handle alice.test --email alice@example.com")
 	require.NotContains(t, logs, "firehose-max-subscribers", "the full configuration is not logged at info")
 
-	status, out := createAccount(t, base, "alice.localhost")
+	status, out := createAccount(t, base, "alice.test")
 	require.Equal(t, http.StatusOK, status, "%v\n%s", out, p.logs.String())
 	did := out["did"].(string)
 	resp, err := http.Get(base + "/" + did)
@@ -181,6 +201,7 @@ func TestDevPLCStaysLocal(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, base, doc.Service[0].ServiceEndpoint)
+	resolvesLikeClients(t, base, did)
 
 	conn, err := pgx.Connect(context.Background(), dbURL)
 	require.NoError(t, err)
