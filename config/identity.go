@@ -36,6 +36,11 @@ func handleDomainFor(host string) string {
 	return "." + host
 }
 
+// HostnameDerived reports that no host name was configured and Finalize
+// made one up from the listen port (localhost:<port>): fine on one
+// machine, never what a server others reach should publish.
+func (c *Config) HostnameDerived() bool { return c.hostnameDerived }
+
 // deriveIdentity fills the defaults that depend on whether the host name
 // is local: the PLC directory (this server's development one, or
 // plc.directory) and whether sign-up needs an invite.

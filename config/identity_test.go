@@ -68,6 +68,7 @@ func TestBound(t *testing.T) {
 	c, err := parse(t, nil, "--listen", "127.0.0.1:0")
 	require.NoError(t, err)
 	require.Equal(t, "localhost", c.Hostname)
+	require.True(t, c.HostnameDerived())
 	require.NoError(t, c.Bound("127.0.0.1:41234"))
 	require.Equal(t, "127.0.0.1:41234", c.Listen)
 	require.Equal(t, "localhost:41234", c.Hostname)
@@ -79,6 +80,7 @@ func TestBound(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Bound("127.0.0.1:41234"))
 	require.Equal(t, "pds.test", c.Hostname)
+	require.False(t, c.HostnameDerived())
 	require.Equal(t, "http://pds.test", c.PLCURL)
 	require.Error(t, c.Bound("nonsense"))
 }
