@@ -64,7 +64,7 @@ step "build"
 cd "$root"
 go build -o "$work/bulwark" ./cmd/bulwark
 if [ -z "${GOAT:-}" ]; then
-	if command -v goat >/dev/null 2>&1 && goat --version 2>/dev/null | grep -q "$GOAT_VERSION"; then
+	if command -v goat >/dev/null 2>&1 && goat --version 2>/dev/null | grep "$GOAT_VERSION" >/dev/null; then
 		GOAT=$(command -v goat)
 	else
 		GOBIN="$work/bin" go install "github.com/bluesky-social/indigo/cmd/goat@$GOAT_VERSION"
@@ -73,7 +73,9 @@ if [ -z "${GOAT:-}" ]; then
 fi
 "$GOAT" --version
 plc_host=
-if "$GOAT" --help 2>&1 | grep -q -- '--plc-host'; then
+# grep without -q reads all of goat's output: with pipefail, -q's early exit
+# would fail the pipeline with goat's SIGPIPE.
+if "$GOAT" --help 2>&1 | grep -- '--plc-host' >/dev/null; then
 	plc_host=yes
 fi
 

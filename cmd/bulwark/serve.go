@@ -68,7 +68,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 
 // serve runs the server configured by cfg until a signal, or until the
 // HTTP server, the managed Postgres or a background service fails. The
-// start banner goes to banner (stderr).
+// start banner goes to banner (stderr), unless the log is JSON.
 //
 // The order matters for a failed start: the listener is bound first and
 // the managed cluster's lock taken before initdb, so a second server on a
@@ -124,7 +124,11 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 		hs.Handler = withDevPLC(hs.Handler, devPLC)
 	}
 	info := newStartInfo(cfg)
-	fmt.Fprint(banner, bannerText(info))
+	if cfg.LogFormat != "json" {
+		// Plain lines would break a JSON log collector's parsing; the
+		// log entry below carries the same facts.
+		fmt.Fprint(banner, bannerText(info))
+	}
 	logger.Info("bulwark is ready", info.logAttrs()...)
 	runErr := serveUntilStopped(ctx, stopSignals, cfg, hs, ln, d.Done(), svcs.errs, logger)
 	svcs.stop()
