@@ -58,6 +58,8 @@ cleanup() {
 trap cleanup EXIT
 
 step() { printf '\n== %s\n' "$*"; }
+# Checks pipe output into grep without -q: grep -q stops reading at the
+# first match, and with pipefail the writer's SIGPIPE then fails the check.
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 step "build"
@@ -73,8 +75,6 @@ if [ -z "${GOAT:-}" ]; then
 fi
 "$GOAT" --version
 plc_host=
-# grep without -q reads all of goat's output: with pipefail, -q's early exit
-# would fail the pipeline with goat's SIGPIPE.
 if "$GOAT" --help 2>&1 | grep -- '--plc-host' >/dev/null; then
 	plc_host=yes
 fi
@@ -110,7 +110,7 @@ step "goat account create"
 did=$(curl -fsS "$pds/xrpc/com.atproto.identity.resolveHandle?handle=$handle" | sed -n 's/.*"did":"\([^"]*\)".*/\1/p')
 [ -n "$did" ] || fail "resolveHandle found no DID for $handle"
 echo "did: $did"
-curl -fsS "$pds/$did" | grep -q "\"serviceEndpoint\":\"$pds\"" || fail "DID document at $pds/$did does not point at $pds"
+curl -fsS "$pds/$did" | grep "\"serviceEndpoint\":\"$pds\"" >/dev/null || fail "DID document at $pds/$did does not point at $pds"
 
 step "goat account login"
 "$GOAT" account login -u "$handle" -p "$password" --pds-host "$pds"
@@ -121,18 +121,18 @@ cat >"$work/post.json" <<JSON
 JSON
 out=$("$GOAT" record create --rkey goat1 "$work/post.json")
 echo "$out"
-echo "$out" | grep -q "at://$did/app.bsky.feed.post/goat1" || fail "record create printed no URI"
-curl -fsS "$pds/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.feed.post&rkey=goat1" | grep -q "hello from goat" \
+echo "$out" | grep "at://$did/app.bsky.feed.post/goat1" >/dev/null || fail "record create printed no URI"
+curl -fsS "$pds/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.feed.post&rkey=goat1" | grep "hello from goat" >/dev/null \
 	|| fail "created record not readable"
 
 step "goat record update"
 sed 's/hello from goat/edited by goat/' "$work/post.json" >"$work/post2.json"
 "$GOAT" record update --rkey goat1 "$work/post2.json"
-curl -fsS "$pds/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.feed.post&rkey=goat1" | grep -q "edited by goat" \
+curl -fsS "$pds/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.feed.post&rkey=goat1" | grep "edited by goat" >/dev/null \
 	|| fail "updated record not readable"
-curl -fsS "$pds/xrpc/com.atproto.repo.listRecords?repo=$did&collection=app.bsky.feed.post" | grep -q "goat1" \
+curl -fsS "$pds/xrpc/com.atproto.repo.listRecords?repo=$did&collection=app.bsky.feed.post" | grep "goat1" >/dev/null \
 	|| fail "listRecords misses the record"
-curl -fsS "$pds/xrpc/com.atproto.repo.describeRepo?repo=$did" | grep -q '"app.bsky.feed.post"' \
+curl -fsS "$pds/xrpc/com.atproto.repo.describeRepo?repo=$did" | grep '"app.bsky.feed.post"' >/dev/null \
 	|| fail "describeRepo misses the collection"
 
 step "goat blob upload (a profile avatar refers to it)"
@@ -144,23 +144,23 @@ blob_cid=$(echo "$blob" | tr -d ' \n' | sed -n 's/.*"\$link":"\([^"]*\)".*/\1/p'
 [ -n "$blob_cid" ] || fail "blob upload printed no CID"
 printf '{"$type": "app.bsky.actor.profile", "displayName": "goat", "avatar": %s}\n' "$blob" >"$work/profile.json"
 "$GOAT" record create --rkey self "$work/profile.json"
-curl -fsS "$pds/xrpc/com.atproto.sync.listBlobs?did=$did" | grep -q "$blob_cid" || fail "listBlobs misses the avatar"
+curl -fsS "$pds/xrpc/com.atproto.sync.listBlobs?did=$did" | grep "$blob_cid" >/dev/null || fail "listBlobs misses the avatar"
 
 step "goat repo inspect / ls / mst / unpack (offline, on getRepo's CAR)"
 curl -fsS -o "$work/repo.car" "$pds/xrpc/com.atproto.sync.getRepo?did=$did"
-"$GOAT" repo inspect "$work/repo.car" | grep -q "$did" || fail "repo inspect does not show $did"
-"$GOAT" repo ls "$work/repo.car" | grep -q "app.bsky.feed.post/goat1" || fail "repo ls misses the post"
+"$GOAT" repo inspect "$work/repo.car" | grep "$did" >/dev/null || fail "repo inspect does not show $did"
+"$GOAT" repo ls "$work/repo.car" | grep "app.bsky.feed.post/goat1" >/dev/null || fail "repo ls misses the post"
 "$GOAT" repo mst "$work/repo.car" >/dev/null
 "$GOAT" repo unpack -o "$work/unpacked" "$work/repo.car"
 grep -rq "edited by goat" "$work/unpacked" || fail "repo unpack misses the post"
 
 if [ -n "$plc_host" ]; then
 	step "goat record get / ls, repo export, blob export (--plc-host $pds)"
-	"$GOAT" --plc-host "$pds" record get "at://$did/app.bsky.feed.post/goat1" | grep -q "edited by goat" \
+	"$GOAT" --plc-host "$pds" record get "at://$did/app.bsky.feed.post/goat1" | grep "edited by goat" >/dev/null \
 		|| fail "record get"
-	"$GOAT" --plc-host "$pds" record ls "$did" | grep -q "goat1" || fail "record ls"
+	"$GOAT" --plc-host "$pds" record ls "$did" | grep "goat1" >/dev/null || fail "record ls"
 	"$GOAT" --plc-host "$pds" repo export -o "$work/export.car" "$did"
-	"$GOAT" repo ls "$work/export.car" | grep -q "app.bsky.feed.post/goat1" || fail "repo export"
+	"$GOAT" repo ls "$work/export.car" | grep "app.bsky.feed.post/goat1" >/dev/null || fail "repo export"
 	"$GOAT" --plc-host "$pds" blob export -o "$work/blobs" "$did"
 	[ -s "$work/blobs/$blob_cid" ] || fail "blob export did not fetch $blob_cid"
 else
