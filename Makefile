@@ -6,7 +6,7 @@
 #   make tidy-check  fail when go.mod or go.sum differ from what go mod tidy writes
 #
 # Settings for `make run` come from the environment (BULWARK_*), or pass
-# flags: make run ARGS="--hostname localhost:2583".
+# flags: make run ARGS="--listen 127.0.0.1:2600".
 
 GO      ?= go
 BIN     ?= bin/bulwark
@@ -18,7 +18,7 @@ LDFLAGS := -X main.version=$(VERSION)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: all run test test-short build deps vet tidy-check clean
+.PHONY: all run run-note test test-short build deps vet tidy-check clean
 
 all: build
 
@@ -28,7 +28,7 @@ build:
 # Under root, Postgres runs as the postgres user, which must be able to reach
 # the data directory. A checkout under /root (mode 0700) is out of its reach,
 # so run then keeps its data in /var/lib/bulwark instead, and says so.
-run: deps build
+run: deps run-note build
 	@if [ -z "$$BULWARK_DATA_DIR" ] && [ "$$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 && \
 		! runuser -u postgres -- test -x "$(CURDIR)" 2>/dev/null; then \
 		echo "make run: $(CURDIR) is not reachable by the postgres user; using BULWARK_DATA_DIR=/var/lib/bulwark"; \
@@ -36,6 +36,11 @@ run: deps build
 		export BULWARK_DATA_DIR=/var/lib/bulwark; \
 	fi; \
 	exec ./$(BIN) serve $(ARGS)
+
+# The first build downloads and compiles every dependency: say so, so that a
+# silent terminal is not taken for a hang.
+run-note:
+	@[ -x "$(BIN)" ] || echo "make run: building bulwark; the first build downloads and compiles its dependencies and takes a few minutes"
 
 vet:
 	$(GO) vet ./...

@@ -10,15 +10,20 @@ import (
 	"time"
 
 	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Defaults that operators see in --help and the README. They are constants so
 // that tests and documentation can refer to them by name.
 const (
-	DefaultListen            = "127.0.0.1:2583"
-	DefaultHostname          = "localhost"
-	DefaultDataDir           = "./data"
+	DefaultListen = "127.0.0.1:2583"
+	// DefaultHost is the host name a server gets when none is set, with
+	// the port it listens on: localhost:2583.
+	DefaultHost    = "localhost"
+	DefaultDataDir = "./data"
+	// DefaultPLCURL is the PLC directory of a server with a public host
+	// name and no PLC URL set. A local one runs its own (DevPLC).
 	DefaultPLCURL            = "https://plc.directory"
 	DefaultAppViewURL        = "https://api.bsky.app"
 	DefaultAppViewDID        = "did:web:api.bsky.app"
@@ -67,7 +72,9 @@ type Config struct {
 	Listen string
 	// Hostname is the public host name. The service DID is
 	// did:web:<Hostname>. A host:port form is allowed for local use and is
-	// then served over plain http (see PublicURL).
+	// then served over plain http (see PublicURL). Empty means
+	// localhost:<the port of Listen>, filled in by Finalize (and by Bound
+	// once a listener on port 0 has its port).
 	Hostname string
 	// DataDir holds the managed Postgres cluster, blobs and generated
 	// secrets. Finalize makes it absolute.
@@ -81,13 +88,22 @@ type Config struct {
 	// JWTSecret signs session tokens. Empty means generated.
 	JWTSecret string
 	// PLCURL is the PLC directory used to create and update did:plc
-	// identities.
+	// identities. Empty means, after Finalize: the development directory
+	// in this server (DevPLC) when the host name is local, else
+	// DefaultPLCURL. A public directory never gets a plain-http PDS URL:
+	// Validate refuses that combination.
 	PLCURL string
+	// DevPLC is set by Finalize when the server runs the development PLC
+	// directory itself, stored in its database and served at PLCURL
+	// (which is then PublicURL): the host name is local (IsLocalHost) and
+	// PLCURL was empty or named this server. Its DIDs exist nowhere else.
+	DevPLC bool
 	// PLCRotationKey is the server's PLC rotation key, a K-256 private key
 	// as hex or multibase. Empty means generated.
 	PLCRotationKey string
 	// HandleDomains are the handle suffixes users may register under, each
-	// starting with a dot. Default: "." + the host part of Hostname.
+	// starting with a dot. Default: "." + the host part of Hostname, or
+	// ".test" when that cannot end a handle (localhost, an IP address).
 	HandleDomains []string
 	// BlobDir stores blobs on disk. Default: DataDir/blobs.
 	BlobDir string
@@ -183,7 +199,9 @@ type Config struct {
 	RateLimitMaxKeys int
 	// MaxJSONBody is the largest JSON procedure body accepted, in bytes.
 	MaxJSONBody int64
-	// InviteRequired makes createAccount require an invite code.
+	// InviteRequired makes createAccount require an invite code. Unless
+	// the flag or environment sets it, Finalize turns it on for a public
+	// host name (as the reference PDS does); a local one stays open.
 	InviteRequired bool
 	// ContactEmail is published in describeServer.
 	ContactEmail string
@@ -199,6 +217,14 @@ type Config struct {
 	// LogFormat is "text" (readable) or "json" (for log collectors).
 	LogFormat string
 
+	// hostnameDerived records that Finalize made Hostname up from Listen,
+	// so that Bound may correct its port.
+	hostnameDerived bool
+	// inviteSet records that the flag or environment set InviteRequired.
+	inviteSet bool
+	// secretFiles are the secrets EnsureSecrets keeps in the data dir.
+	secretFiles []SecretFile
+
 	// envErrs collects environment values that did not parse; Validate
 	// reports them so that a typo in the environment stops the server
 	// instead of silently using a default.
@@ -206,13 +232,12 @@ type Config struct {
 }
 
 // DefaultConfig returns the documented defaults. Settings that derive from
-// others (HandleDomains, BlobDir, InflightBudget) stay empty until Finalize.
+// others (Hostname, PLCURL, HandleDomains, BlobDir, InflightBudget,
+// InviteRequired) stay empty until Finalize.
 func DefaultConfig() *Config {
 	return &Config{
 		Listen:                 DefaultListen,
-		Hostname:               DefaultHostname,
 		DataDir:                DefaultDataDir,
-		PLCURL:                 DefaultPLCURL,
 		AppViewURL:             DefaultAppViewURL,
 		AppViewDID:             DefaultAppViewDID,
 		FirehoseRate:           DefaultFirehoseRate,
@@ -242,6 +267,10 @@ func DefaultConfig() *Config {
 // flags are parsed.
 func (c *Config) Finalize() error {
 	c.Hostname = strings.ToLower(strings.TrimSpace(c.Hostname))
+	if c.Hostname == "" {
+		c.Hostname = hostnameFor(c.Listen)
+		c.hostnameDerived = true
+	}
 	if c.DataDir != "" {
 		abs, err := filepath.Abs(c.DataDir)
 		if err != nil {
@@ -250,7 +279,7 @@ func (c *Config) Finalize() error {
 		c.DataDir = abs
 	}
 	if len(c.HandleDomains) == 0 && c.Hostname != "" {
-		c.HandleDomains = []string{"." + c.host()}
+		c.HandleDomains = []string{handleDomainFor(c.host())}
 	}
 	for i, d := range c.HandleDomains {
 		c.HandleDomains[i] = strings.ToLower(d)
@@ -268,6 +297,7 @@ func (c *Config) Finalize() error {
 	if c.InflightBudget == 0 {
 		c.InflightBudget = budget.DefaultCapacity()
 	}
+	c.deriveIdentity()
 	return c.Validate()
 }
 
@@ -288,20 +318,21 @@ func (c *Config) PublicURL() string {
 	return "https://" + c.Hostname
 }
 
-// IsLocal reports whether the host name is a development one (see
-// PublicURL).
+// IsLocal reports whether the server is served over plain http (see
+// PublicURL): its host name carries a port or IsLocalHost.
 func (c *Config) IsLocal() bool {
 	if strings.Contains(c.Hostname, ":") && !strings.HasSuffix(c.Hostname, "]") {
 		return true
 	}
-	h := c.host()
-	if h == "localhost" || strings.HasSuffix(h, ".localhost") || strings.HasSuffix(h, ".test") {
-		return true
-	}
-	if ip, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
-		return ip.IsLoopback() || ip.IsPrivate()
-	}
-	return false
+	return c.IsLocalHost()
+}
+
+// IsLocalHost reports whether the host name, without its port, names this
+// machine or a private network (plc.IsLocalHost: localhost, *.localhost,
+// *.test, loopback and private addresses). Such a server runs its own
+// development PLC and lets anyone sign up unless told otherwise.
+func (c *Config) IsLocalHost() bool {
+	return plc.IsLocalHost(c.host())
 }
 
 // host is Hostname without a port.

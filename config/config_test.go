@@ -38,19 +38,20 @@ func TestDefaults(t *testing.T) {
 	c, err := parse(t, nil)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:2583", c.Listen)
-	require.Equal(t, "localhost", c.Hostname)
-	require.Equal(t, []string{".localhost"}, c.HandleDomains)
+	require.Equal(t, "localhost:2583", c.Hostname, "derived from the listen port")
+	require.Equal(t, []string{".test"}, c.HandleDomains, ".localhost handles are refused across the network")
 	require.True(t, filepath.IsAbs(c.DataDir))
 	require.Equal(t, filepath.Join(c.DataDir, "blobs"), c.BlobDir)
-	require.Equal(t, "https://plc.directory", c.PLCURL)
+	require.True(t, c.DevPLC, "a local host name runs its own PLC")
+	require.Equal(t, "http://localhost:2583", c.PLCURL)
 	require.Equal(t, Rate{Count: 1, Per: time.Minute}, c.FirehoseRate)
 	require.Equal(t, 5, c.FirehoseBurst)
 	require.Equal(t, 72*time.Hour, c.FirehoseRetention)
 	require.Equal(t, int64(2097152), c.MaxJSONBody)
 	require.False(t, c.InviteRequired)
 	require.GreaterOrEqual(t, c.InflightBudget, int64(64<<20))
-	require.Equal(t, "did:web:localhost", c.ServiceDID())
-	require.Equal(t, "http://localhost", c.PublicURL())
+	require.Equal(t, "did:web:localhost%3A2583", c.ServiceDID())
+	require.Equal(t, "http://localhost:2583", c.PublicURL())
 }
 
 func TestPrecedence(t *testing.T) {
@@ -131,17 +132,23 @@ func TestHostnameForms(t *testing.T) {
 		hostname, did, url string
 		domains            []string
 	}{
-		{"localhost:2583", "did:web:localhost%3A2583", "http://localhost:2583", []string{".localhost"}},
+		{"localhost:2583", "did:web:localhost%3A2583", "http://localhost:2583", []string{".test"}},
+		{"pds.localhost", "did:web:pds.localhost", "http://pds.localhost", []string{".test"}},
+		{"10.0.0.7", "did:web:10.0.0.7", "http://10.0.0.7", []string{".test"}},
 		{"pds.example.com", "did:web:pds.example.com", "https://pds.example.com", []string{".pds.example.com"}},
 		{"PDS.Example.COM", "did:web:pds.example.com", "https://pds.example.com", []string{".pds.example.com"}},
-		{"pds.example.com:8443", "did:web:pds.example.com%3A8443", "http://pds.example.com:8443", []string{".pds.example.com"}},
+		{"pds.example.com:8443", "did:web:pds.example.com%3A8443", "http://pds.example.com:8443", []string{".pds.example.com"}}, // with a local PLC below
 		{"dev.test", "did:web:dev.test", "http://dev.test", []string{".dev.test"}},
 		{"127.0.0.1:2583", "did:web:127.0.0.1%3A2583", "http://127.0.0.1:2583", nil},
+		{"pds.internal:2583", "did:web:pds.internal%3A2583", "http://pds.internal:2583", []string{".test"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.hostname, func(t *testing.T) {
 			t.Parallel()
 			args := []string{"--hostname", tt.hostname}
+			if tt.hostname == "pds.example.com:8443" || tt.hostname == "pds.internal:2583" { // public names over http need a local PLC
+				args = append(args, "--plc-url", "http://127.0.0.1:2582")
+			}
 			if tt.domains == nil {
 				args = append(args, "--handle-domains", ".test")
 			}
@@ -260,6 +267,7 @@ func TestEnsureSecrets(t *testing.T) {
 	}
 	first, gen := load()
 	require.ElementsMatch(t, []string{"admin-password", "jwt-secret", "plc-rotation-key"}, gen)
+	require.Len(t, first.SecretFiles(), 3)
 	require.GreaterOrEqual(t, len(first.JWTSecret), MinJWTSecretLen)
 	_, err := first.PLCRotationPrivateKey()
 	require.NoError(t, err)
@@ -267,7 +275,7 @@ func TestEnsureSecrets(t *testing.T) {
 	st, err := os.Stat(filepath.Join(dir, SecretsDir))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), st.Mode().Perm())
-	for _, f := range []string{adminPasswordFile, jwtSecretFile, rotationKeyFile} {
+	for _, f := range []string{AdminPasswordFile, JWTSecretFile, RotationKeyFile} {
 		st, err := os.Stat(filepath.Join(dir, SecretsDir, f))
 		require.NoError(t, err)
 		require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), f)
@@ -286,9 +294,13 @@ func TestEnsureSecrets(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, gen)
 	require.Equal(t, "explicit", c.AdminPassword)
+	require.Equal(t, []SecretFile{
+		{"jwt-secret", filepath.Join(dir, SecretsDir, JWTSecretFile)},
+		{"plc-rotation-key", filepath.Join(dir, SecretsDir, RotationKeyFile)},
+	}, c.SecretFiles(), "only the secrets kept in the data dir")
 
 	// A damaged file is an error naming the setting, not a silent new key.
-	require.NoError(t, os.WriteFile(filepath.Join(dir, SecretsDir, rotationKeyFile), []byte("garbage\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, SecretsDir, RotationKeyFile), []byte("garbage\n"), 0o600))
 	c, err = parse(t, nil, "--data-dir", dir)
 	require.NoError(t, err)
 	_, err = c.EnsureSecrets()
@@ -337,5 +349,5 @@ func TestEmptyEnvIsUnset(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultFirehoseRate, c.FirehoseRate)
 	require.Equal(t, DefaultListen, c.Listen)
-	require.Equal(t, []string{".localhost"}, c.HandleDomains)
+	require.Equal(t, []string{".test"}, c.HandleDomains)
 }

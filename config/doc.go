@@ -14,5 +14,13 @@
 //	cfg.RegisterFlags(fs) // env values become the flags' defaults
 //	_ = fs.Parse(args)
 //	if err := cfg.Finalize(); err != nil { ... } // derived defaults + Validate
+//	ln, err := net.Listen("tcp", cfg.Listen)
+//	err = cfg.Bound(ln.Addr().String()) // the real port, for a derived host name
 //	generated, err := cfg.EnsureSecrets()
+//
+// Whether the host name is local (IsLocalHost: localhost, *.test, private
+// addresses) decides the defaults that make a development machine safe and
+// a public server strict: a local one gets a development PLC directory in
+// the server (DevPLC) and open sign-up, a public one plc.directory and
+// invites; a public PLC directory never gets a plain-http server URL.
 package config

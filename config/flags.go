@@ -27,12 +27,12 @@ type setting struct {
 func (c *Config) settings() []setting {
 	return []setting{
 		{"listen", "address to serve on (host:port)", (*stringValue)(&c.Listen)},
-		{"hostname", "public host name; service DID is did:web:<hostname>; host:port is served over http (local use)", (*stringValue)(&c.Hostname)},
+		{"hostname", "public host name (default localhost:<listen port>); service DID is did:web:<hostname>; host:port, localhost, *.test and private addresses are served over http (local use)", (*stringValue)(&c.Hostname)},
 		{"data-dir", "directory for the managed Postgres, blobs and generated secrets", (*stringValue)(&c.DataDir)},
 		{"database-url", "external Postgres URL; unset = run a managed Postgres under <data-dir>/postgres", (*databaseURLValue)(&c.DatabaseURL)},
 		{"admin-password", "HTTP Basic password (user admin) for admin methods; unset = generated into <data-dir>/secrets", (*secretValue)(&c.AdminPassword)},
 		{"jwt-secret", "session token signing key (at least 32 bytes); unset = generated", (*secretValue)(&c.JWTSecret)},
-		{"plc-url", "PLC directory URL", (*stringValue)(&c.PLCURL)},
+		{"plc-url", "PLC directory URL (default: a development PLC in this server for a local host name, else https://plc.directory)", (*stringValue)(&c.PLCURL)},
 		{"plc-rotation-key", "PDS PLC rotation key (K-256 private key, hex or multibase); unset = generated", (*secretValue)(&c.PLCRotationKey)},
 		{"handle-domains", "comma-separated handle suffixes users may register, like .example.com (default .<hostname>)", (*listValue)(&c.HandleDomains)},
 		{"blob-dir", "blob storage directory (default <data-dir>/blobs)", (*stringValue)(&c.BlobDir)},
@@ -65,7 +65,7 @@ func (c *Config) settings() []setting {
 		{"ratelimits", "rate limits: empty = the reference PDS's, off, or overrides like global=6000/5m;createSession=10/5m,100/1d", (*stringValue)(&c.RateLimits)},
 		{"ratelimit-max-keys", "clients (IPs, DIDs) each rate limiter tracks at once", (*intValue)(&c.RateLimitMaxKeys)},
 		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
-		{"invite-required", "require an invite code to create an account", (*boolValue)(&c.InviteRequired)},
+		{"invite-required", "require an invite code to create an account (default: true for a public host name, false for a local one)", &trackedBool{v: &c.InviteRequired, set: &c.inviteSet}},
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
 		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},
 		{"terms-of-service-url", "terms of service link published by describeServer", (*stringValue)(&c.TermsOfServiceURL)},
@@ -100,6 +100,27 @@ func (c *Config) registerFlags(fs *flag.FlagSet, lookupEnv func(string) (string,
 
 // RedactedText is the text that stands in for a secret in logs.
 const RedactedText = "(redacted)"
+
+// Setting is one setting's effective value, as `bulwark config` prints it.
+type Setting struct {
+	// Flag is the flag's name, without dashes (data-dir).
+	Flag string
+	// Env is the environment variable (BULWARK_DATA_DIR).
+	Env string
+	// Value is the value in flag syntax, with secrets "(redacted)" and
+	// the database URL's password removed.
+	Value string
+}
+
+// Settings returns every setting, in --help order, safe to print.
+func (c *Config) Settings() []Setting {
+	all := c.settings()
+	out := make([]Setting, len(all))
+	for i, s := range all {
+		out[i] = Setting{Flag: s.flag, Env: envName(s.flag), Value: s.value.String()}
+	}
+	return out
+}
 
 // LogValue renders the effective configuration for the start-up log, keyed
 // by flag name, with secrets replaced and the database URL's password
@@ -305,6 +326,30 @@ func (v *boolValue) Set(s string) error {
 		return fmt.Errorf("%q is not true or false", s)
 	}
 	*v = boolValue(b)
+	return nil
+}
+
+// trackedBool is a bool setting that remembers being set by a flag or the
+// environment, so that a default derived from other settings applies
+// only when it was not.
+type trackedBool struct {
+	v   *bool
+	set *bool
+}
+
+func (v *trackedBool) String() string {
+	if v == nil || v.v == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*v.v)
+}
+func (v *trackedBool) IsBoolFlag() bool { return true }
+func (v *trackedBool) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not true or false", s)
+	}
+	*v.v, *v.set = b, true
 	return nil
 }
 

@@ -19,13 +19,30 @@ import (
 // secrets must be readable by Bulwark alone.
 const SecretsDir = "secrets"
 
-// The files EnsureSecrets keeps, one secret each.
+// The files EnsureSecrets keeps under SecretsDir, one secret each.
 const (
-	adminPasswordFile  = "admin-password"
-	jwtSecretFile      = "jwt-secret"
-	rotationKeyFile    = "plc-rotation-key"
-	dataDirPermissions = 0o711
+	AdminPasswordFile = "admin-password"
+	JWTSecretFile     = "jwt-secret"
+	RotationKeyFile   = "plc-rotation-key"
 )
+
+const dataDirPermissions = 0o711
+
+// SecretFile is a secret EnsureSecrets keeps in the data dir because the
+// configuration did not set it.
+type SecretFile struct {
+	// Flag names the setting (admin-password).
+	Flag string
+	// Path is the file's absolute path.
+	Path string
+}
+
+// SecretFiles lists the secrets that EnsureSecrets read from, or
+// generated into, the data dir: where an operator finds the admin
+// password of a server started without one.
+func (c *Config) SecretFiles() []SecretFile {
+	return append([]SecretFile(nil), c.secretFiles...)
+}
 
 // EnsureSecrets makes local use work without configuring secrets: each of the
 // admin password, JWT secret and PLC rotation key that is unset is read from
@@ -61,9 +78,9 @@ func (c *Config) EnsureSecrets() (generated []string, err error) {
 		gen   func() (string, error)
 		check func(string) error
 	}{
-		{"admin-password", adminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, nil},
-		{"jwt-secret", jwtSecretFile, &c.JWTSecret, func() (string, error) { return randomHex(32) }, nil},
-		{"plc-rotation-key", rotationKeyFile, &c.PLCRotationKey, generateRotationKey, func(s string) error {
+		{"admin-password", AdminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, nil},
+		{"jwt-secret", JWTSecretFile, &c.JWTSecret, func() (string, error) { return randomHex(32) }, nil},
+		{"plc-rotation-key", RotationKeyFile, &c.PLCRotationKey, generateRotationKey, func(s string) error {
 			_, err := ParseRotationKey(s)
 			return err
 		}},
@@ -83,6 +100,7 @@ func (c *Config) EnsureSecrets() (generated []string, err error) {
 			}
 		}
 		*it.field = val
+		c.secretFiles = append(c.secretFiles, SecretFile{Flag: it.flag, Path: path})
 		if created {
 			generated = append(generated, it.flag)
 		}

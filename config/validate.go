@@ -75,6 +75,9 @@ func (c *Config) validateIdentity() error {
 	if err := checkURL(c.PLCURL); err != nil {
 		return settingError("plc-url", "%v", err)
 	}
+	if err := c.validatePLCEndpoint(); err != nil {
+		return err
+	}
 	if c.PLCRotationKey != "" {
 		if _, err := ParseRotationKey(c.PLCRotationKey); err != nil {
 			return settingError("plc-rotation-key", "%v", err)

@@ -268,8 +268,8 @@ func TestDescribeServer(t *testing.T) {
 		resp, body := do(t, http.MethodGet, b.url+"/xrpc/com.atproto.server.describeServer", nil, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 		require.JSONEq(t, `{
-			"did": "did:web:localhost",
-			"availableUserDomains": [".localhost"],
+			"did": "did:web:localhost%3A2583",
+			"availableUserDomains": [".test"],
 			"inviteCodeRequired": false,
 			"phoneVerificationRequired": false
 		}`, string(body))

@@ -37,6 +37,7 @@ const DefaultTimeout = 15 * time.Second
 // rotation key.
 type Client struct {
 	dir         didplc.Client
+	url         string
 	rotationKey atcrypto.PrivateKey
 	rotationDID string
 }
@@ -48,7 +49,7 @@ func NewClient(url string, rotationKey atcrypto.PrivateKey, httpClient *http.Cli
 	if err != nil {
 		return nil, fmt.Errorf("plc rotation key: %w", err)
 	}
-	c := &Client{rotationKey: rotationKey, rotationDID: pub.DIDKey()}
+	c := &Client{url: url, rotationKey: rotationKey, rotationDID: pub.DIDKey()}
 	c.dir.DirectoryURL = url
 	c.dir.UserAgent = "bulwark-pds"
 	if httpClient != nil {
@@ -70,8 +71,13 @@ type Identity struct {
 }
 
 // Genesis builds and signs a genesis operation for a new account. The DID
-// follows from the signed operation; nothing is sent.
+// follows from the signed operation; nothing is sent. An http:// endpoint
+// for a public directory is refused (ErrInsecureEndpoint, wrapped in
+// ErrDirectory) before anything is signed.
 func (c *Client) Genesis(id Identity) (syntax.DID, *didplc.RegularOp, error) {
+	if err := CheckEndpoint(c.url, id.PDSEndpoint); err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrDirectory, err)
+	}
 	op := c.regularOp(id, nil)
 	op.RotationKeys = []string{c.rotationDID}
 	if err := op.Sign(c.rotationKey); err != nil {
@@ -100,8 +106,17 @@ func (c *Client) regularOp(id Identity, prev *string) *didplc.RegularOp {
 	}
 }
 
-// Submit sends a signed operation for did to the directory.
+// Submit sends a signed operation for did to the directory. An operation
+// that would publish an http:// PDS endpoint in a public directory is
+// refused (ErrInsecureEndpoint, wrapped in ErrDirectory) without sending.
 func (c *Client) Submit(ctx context.Context, did syntax.DID, op didplc.Operation) error {
+	if reg, ok := op.(*didplc.RegularOp); ok {
+		if svc, ok := reg.Services[ServiceID]; ok {
+			if err := CheckEndpoint(c.url, svc.Endpoint); err != nil {
+				return fmt.Errorf("%w: %w", ErrDirectory, err)
+			}
+		}
+	}
 	if err := c.dir.Submit(ctx, did.String(), op); err != nil {
 		return fmt.Errorf("%w: %v", ErrDirectory, err)
 	}

@@ -3,11 +3,13 @@ package plc_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -157,5 +159,64 @@ func TestDirectoryEndpoints(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, 400, resp.StatusCode, body)
+	}
+}
+
+// refuseAll is a transport that records and fails every request.
+type refuseAll struct{ calls atomic.Int32 }
+
+func (r *refuseAll) RoundTrip(*http.Request) (*http.Response, error) {
+	r.calls.Add(1)
+	return nil, errors.New("no request may leave this test")
+}
+
+// TestInsecureEndpointNeverReachesPublicDirectory: an http:// PDS endpoint
+// is refused for a public directory before anything is signed or sent,
+// whichever way the operation comes; local directories take it.
+func TestInsecureEndpointNeverReachesPublicDirectory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rt := &refuseAll{}
+	rot := newKey(t)
+	public, err := plc.NewClient("https://plc.directory", rot, &http.Client{Transport: rt})
+	require.NoError(t, err)
+	pub, err := newKey(t).PublicKey()
+	require.NoError(t, err)
+
+	_, _, err = public.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "http://localhost:2583"})
+	require.ErrorIs(t, err, plc.ErrInsecureEndpoint)
+	require.ErrorIs(t, err, plc.ErrDirectory)
+
+	// An operation signed for a local directory cannot be sent to the
+	// public one either.
+	_, srv := plctest.NewServer(t)
+	local, err := plc.NewClient(srv.URL, rot, nil)
+	require.NoError(t, err)
+	did, op, err := local.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "http://localhost:2583"})
+	require.NoError(t, err)
+	require.ErrorIs(t, public.Submit(ctx, did, op), plc.ErrInsecureEndpoint)
+	require.Zero(t, rt.calls.Load(), "nothing was sent")
+
+	// https endpoints go through the check (and then to the transport).
+	_, _, err = public.Genesis(plc.Identity{Handle: "alice.test", SigningKey: pub, PDSEndpoint: "https://pds.example.com"})
+	require.NoError(t, err)
+}
+
+func TestIsLocalHost(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"localhost": true, "LOCALHOST": true, "pds.localhost": true, "pds.test": true, "pds.test.": true,
+		"127.0.0.1": true, "::1": true, "[::1]": true, "10.1.2.3": true, "192.168.0.9": true, "172.16.0.1": true,
+		"169.254.1.1": true, "fd00::1": true, "fe80::1": true,
+		"plc.directory": false, "pds.example.com": false, "8.8.8.8": false, "2001:db8::1": false,
+		"localhost.example.com": false, "test": false, "": false,
+	} {
+		require.Equal(t, want, plc.IsLocalHost(host), host)
+	}
+	for url, want := range map[string]bool{
+		"https://plc.directory": true, "http://plc.example.com:8080": true, "::nope": true,
+		"http://127.0.0.1:2582": false, "http://localhost:2583": false, "http://plc.test": false,
+	} {
+		require.Equal(t, want, plc.IsPublicDirectory(url), url)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -16,8 +17,10 @@ import (
 // over pool. waker (the firehose sequencer) may be nil. The signing-key
 // store is sealed with a key derived from the PLC rotation key (see
 // account.KeyStore for why that secret). cleaners run inside every account
-// deletion (the blob service's references, ...).
-func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
+// deletion (the blob service's references, ...). plcHTTP carries the PLC
+// client's requests; nil means an ordinary client (the development PLC
+// passes its in-process one).
+func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
 		return nil, nil, err
@@ -30,7 +33,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		repoCfg.Logger = logger
 	}
 	engine := repo.New(pool, keys, waker, repoCfg)
-	plcClient, err := plc.NewClient(cfg.PLCURL, rotation, nil)
+	plcClient, err := plc.NewClient(cfg.PLCURL, rotation, plcHTTP)
 	if err != nil {
 		return nil, nil, err
 	}

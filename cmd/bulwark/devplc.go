@@ -10,14 +10,51 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
 )
 
+// newDevPLC returns the development PLC directory serve runs when
+// cfg.DevPLC (a local host name and no PLC URL): its DIDs are kept in the
+// server's own database, so they live exactly as long as its accounts.
+// nil when the server uses a real directory.
+func newDevPLC(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) *plctest.Directory {
+	if !cfg.DevPLC {
+		return nil
+	}
+	logger.Info("development PLC at "+cfg.PLCURL, "url", cfg.PLCURL, "store", "postgres")
+	return plctest.NewDirectory(plctest.NewPostgresStore(pool))
+}
+
+// devPLCPathPrefix starts every path of the PLC directory API (/{did},
+// /{did}/log/audit, ...). No PDS route begins so, which lets one listener
+// serve both and the server's own URL be its PLC URL: clients resolve its
+// DIDs there (goat --plc-host, @atproto/identity's plcUrl, indigo's
+// PLCURL) with nothing else to run or configure.
+const devPLCPathPrefix = "/did:plc:"
+
+// withDevPLC routes the PLC directory's paths to dir and everything else
+// to the PDS.
+func withDevPLC(pdsHandler, dir http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, devPLCPathPrefix) {
+			dir.ServeHTTP(w, r)
+			return
+		}
+		pdsHandler.ServeHTTP(w, r)
+	})
+}
+
 // DefaultDevPLCListen is where `bulwark dev-plc` listens by default; point
-// the server at it with BULWARK_PLC_URL=http://127.0.0.1:2582.
+// a server at it with BULWARK_PLC_URL=http://127.0.0.1:2582 (a server
+// with a local host name and no PLC URL runs a development PLC itself;
+// this standalone one is for several servers sharing one).
 const DefaultDevPLCListen = "127.0.0.1:2582"
 
 // runDevPLC is `bulwark dev-plc`: a local PLC directory for development

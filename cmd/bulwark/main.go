@@ -4,6 +4,7 @@
 //	bulwark migrate [flags] up       apply pending database migrations
 //	bulwark migrate [flags] status   list migrations and whether they are applied
 //	bulwark admin [flags] COMMAND    inspect and repair a running server (firehose, audit)
+//	bulwark config [flags]           print the effective settings, secrets redacted
 //	bulwark version                  print the version
 //
 // Every flag has a BULWARK_* environment variable (see `bulwark serve -h`
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runServe(ctx, rest, stderr)
 	case "migrate":
 		return runMigrate(ctx, rest, stdout, stderr)
+	case "config":
+		return runConfig(ctx, rest, stdout, stderr)
 	case "dev-plc":
 		return runDevPLC(ctx, rest, stderr)
 	case "admin":
@@ -69,6 +72,7 @@ Usage:
   bulwark migrate [flags] status    show which migrations are applied
   bulwark admin COMMAND             inspect and repair a running server
                                     ("bulwark admin -h" lists the commands)
+  bulwark config [flags]            print the settings serve would use, one per line
   bulwark dev-plc [flags]           run a local PLC directory for development
   bulwark version                   print the version
 

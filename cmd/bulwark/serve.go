@@ -20,6 +20,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/pds"
+	"github.com/bulwark-pds/bulwark/plc/plctest"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -58,7 +59,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	logger := cfg.NewLogger(stderr)
 	slog.SetDefault(logger)
 
-	if err := serve(ctx, cfg, logger); err != nil {
+	if err := serve(ctx, cfg, logger, stderr); err != nil {
 		logger.Error("bulwark stopped on an error", "error", err)
 		return 1
 	}
@@ -66,11 +67,24 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 // serve runs the server configured by cfg until a signal, or until the
-// HTTP server, the managed Postgres or a background service fails.
-func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
+// HTTP server, the managed Postgres or a background service fails. The
+// start banner goes to banner (stderr), unless the log is JSON.
+//
+// The order matters for a failed start: the listener is bound first and
+// the managed cluster's lock taken before initdb, so a second server on a
+// busy port or a data dir in use fails at once and leaves nothing behind.
+func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
+	ln, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := cfg.Bound(ln.Addr().String()); err != nil {
+		return err
+	}
 	generated, err := cfg.EnsureSecrets()
 	if err != nil {
 		return err
@@ -79,9 +93,11 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		logger.Warn("generated a secret into the data dir; production should set it explicitly",
 			"setting", name, "dir", filepath.Join(cfg.DataDir, config.SecretsDir))
 	}
-	logger.Info("starting bulwark", "version", Version(), "config", cfg)
+	logger.Info("starting bulwark", "version", Version(), "listen", cfg.Listen, "data_dir", cfg.DataDir)
+	// The whole configuration is long; `bulwark config` prints it too.
+	logger.Debug("configuration", "config", cfg)
 	gcPercent, memLimit := config.ApplyGC(cfg.GCPercent)
-	logger.Info("garbage collector", "gc_percent", gcPercent, "memory_limit", memLimit)
+	logger.Debug("garbage collector", "gc_percent", gcPercent, "memory_limit", memLimit)
 
 	d, err := openDatabase(ctx, cfg, logger)
 	if err != nil {
@@ -96,20 +112,41 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 		return err
 	}
 
-	srv, services, err := newServer(ctx, cfg, d.Pool, logger)
+	devPLC := newDevPLC(cfg, d.Pool, logger)
+	srv, services, err := newServer(ctx, cfg, d.Pool, devPLC, logger)
 	if err != nil {
 		return err
 	}
 	svcs := startServices(services)
 	defer svcs.cancel()
 	hs := srv.HTTPServer()
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s (--listen): %w", cfg.Listen, err)
+	if devPLC != nil {
+		hs.Handler = withDevPLC(hs.Handler, devPLC)
 	}
+	info := newStartInfo(cfg)
+	if cfg.LogFormat != "json" {
+		// Plain lines would break a JSON log collector's parsing; the
+		// log entry below carries the same facts.
+		fmt.Fprint(banner, bannerText(info))
+	}
+	logger.Info("bulwark is ready", info.logAttrs()...)
 	runErr := serveUntilStopped(ctx, stopSignals, cfg, hs, ln, d.Done(), svcs.errs, logger)
 	svcs.stop()
 	return runErr
+}
+
+// listen binds the public listener, before anything else is set up, so
+// that a port in use is reported at once and costs nothing.
+func listen(cfg *config.Config) (net.Listener, error) {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		hint := ""
+		if errors.Is(err, syscall.EADDRINUSE) {
+			hint = "; another server (another bulwark?) is using the port: stop it, or choose another address with --listen"
+		}
+		return nil, fmt.Errorf("listen on %s (--listen, BULWARK_LISTEN): %w%s", cfg.Listen, err, hint)
+	}
+	return ln, nil
 }
 
 // newServer builds the PDS on the migrated database, and the background
@@ -117,7 +154,10 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger) error {
 // migrated, stopped after the HTTP server has drained and before the pool
 // closes. Add one as a line here (sequencer, firehose hub, crawl
 // notifier, ...).
-func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*pds.Server, []service, error) {
+//
+// devPLC, when not nil, is the development PLC directory this server runs:
+// the PLC client then submits to it in process.
+func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
 	var services []service
 	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger)
 	services = append(services, firehoseServices...)
@@ -133,7 +173,11 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logg
 		return nil, nil, err
 	}
 	services = append(services, service{name: "blob collector", run: blobs.Run})
-	accounts, engine, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
+	var plcHTTP *http.Client
+	if devPLC != nil {
+		plcHTTP = devPLC.Client()
+	}
+	accounts, engine, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,24 +1,24 @@
 // Package plctest is a small PLC directory for tests and local development.
-// It keeps operation logs in memory (optionally mirrored to a file), really
-// verifies every submitted operation with go-didplc's log validation
-// (signature by an allowed rotation key, prev chain, genesis DID), and
-// serves what clients and the PDS read: the DID document at /{did}, the
-// current data at /{did}/data, and the logs at /{did}/log, /{did}/log/last
-// and /{did}/log/audit.
+// It really verifies every submitted operation with go-didplc's log
+// validation (signature by an allowed rotation key, prev chain, genesis
+// DID), and serves what clients and the PDS read: the DID document at
+// /{did}, the current data at /{did}/data, and the logs at /{did}/log,
+// /{did}/log/last and /{did}/log/audit. Its logs live in a Store: memory,
+// a JSON-lines file (`bulwark dev-plc`), or Postgres (the development PLC
+// `bulwark serve` runs for a local host name).
 //
 // It is not a production directory: no rate limits, no export, no
 // nullification window beyond what go-didplc enforces.
 package plctest
 
 import (
-	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -30,55 +30,56 @@ import (
 // maxOpBytes bounds a submitted operation, as the real directory does.
 const maxOpBytes = 64 << 10
 
-// Directory is an in-memory PLC directory.
+// Errors.
+var (
+	// ErrInvalidOperation means the directory refused an operation: not a
+	// did:plc, a bad signature, a broken prev chain, a tombstoned DID.
+	// Nothing was stored.
+	ErrInvalidOperation = errors.New("plctest: invalid operation")
+	// ErrConflict means another writer appended to the DID's log between
+	// reading it and appending; nothing was stored and a retry may work.
+	ErrConflict = errors.New("plctest: concurrent update of the DID's log")
+)
+
+// Directory is a verifying PLC directory over a Store.
 type Directory struct {
-	mu   sync.Mutex
-	logs map[string][]didplc.LogEntry
-	last time.Time
-	file *os.File // nil: memory only
+	store Store
+	mu    sync.Mutex // serialises this directory's submissions
+	last  time.Time  // time of the last accepted operation
+}
+
+// NewDirectory returns a directory over store.
+func NewDirectory(store Store) *Directory {
+	return &Directory{store: store}
 }
 
 // New returns an empty in-memory directory.
 func New() *Directory {
-	return &Directory{logs: map[string][]didplc.LogEntry{}}
+	return NewDirectory(NewMemoryStore())
 }
 
-// Open returns a directory persisted to path (JSON lines, one log entry
-// each, appended as operations are accepted), loading what it holds.
+// Open returns a directory persisted to a JSON-lines file (OpenFileStore).
 func Open(path string) (*Directory, error) {
-	d := New()
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	s, err := OpenFileStore(path)
 	if err != nil {
 		return nil, err
 	}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		var e didplc.LogEntry
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		d.logs[e.DID] = append(d.logs[e.DID], e)
-	}
-	if err := sc.Err(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	d.file = f
-	return d, nil
+	return NewDirectory(s), nil
 }
 
-// Close closes the backing file, if any.
+// Store returns the directory's store.
+func (d *Directory) Store() Store { return d.store }
+
+// Close closes the store, if it needs closing (a file store does).
 func (d *Directory) Close() error {
-	if d.file != nil {
-		return d.file.Close()
+	if c, ok := d.store.(io.Closer); ok {
+		return c.Close()
 	}
 	return nil
 }
 
-// NewServer starts d on a loopback httptest server, closed at the end of
-// the test.
+// NewServer starts an in-memory directory on a loopback httptest server,
+// closed at the end of the test.
 func NewServer(t interface{ Cleanup(func()) }) (*Directory, *httptest.Server) {
 	d := New()
 	srv := httptest.NewServer(d)
@@ -86,17 +87,28 @@ func NewServer(t interface{ Cleanup(func()) }) (*Directory, *httptest.Server) {
 	return d, srv
 }
 
-// Submit verifies op as the next operation of did's log and appends it.
+// Submit is SubmitContext without a deadline.
 func (d *Directory) Submit(did string, op didplc.OpEnum) error {
+	return d.SubmitContext(context.Background(), did, op)
+}
+
+// SubmitContext verifies op as the next operation of did's log and
+// appends it. A refusal is ErrInvalidOperation; a lost race with another
+// directory on the same store is ErrConflict.
+func (d *Directory) SubmitContext(ctx context.Context, did string, op didplc.OpEnum) error {
 	if _, err := syntax.ParseDID(did); err != nil || !strings.HasPrefix(did, "did:plc:") {
-		return fmt.Errorf("not a did:plc: %q", did)
+		return fmt.Errorf("%w: not a did:plc: %q", ErrInvalidOperation, did)
 	}
 	o := op.AsOperation()
 	if o == nil {
-		return errors.New("empty operation")
+		return fmt.Errorf("%w: empty operation", ErrInvalidOperation)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	prev, err := d.store.Log(ctx, did)
+	if err != nil {
+		return err
+	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	if !now.After(d.last) {
 		now = d.last.Add(time.Millisecond)
@@ -105,53 +117,49 @@ func (d *Directory) Submit(did string, op didplc.OpEnum) error {
 		DID:       did,
 		Operation: op,
 		CID:       o.CID().String(),
-		CreatedAt: now.Format("2006-01-02T15:04:05.000Z"),
+		CreatedAt: now.Format(createdAtLayout),
 	}
-	prev := d.logs[did]
 	if len(prev) > 0 {
-		if _, tomb := prev[len(prev)-1].Operation.AsOperation().(*didplc.TombstoneOp); tomb {
-			return errors.New("DID is tombstoned")
+		head := prev[len(prev)-1]
+		if _, tomb := head.Operation.AsOperation().(*didplc.TombstoneOp); tomb {
+			return fmt.Errorf("%w: DID is tombstoned", ErrInvalidOperation)
 		}
-		if o.PrevCIDStr() != prev[len(prev)-1].CID {
+		if o.PrevCIDStr() != head.CID {
 			// A fork (nullification) is legal in PLC but never made by
 			// Bulwark; refusing it keeps this directory simple.
-			return fmt.Errorf("prev %q is not the head %s", o.PrevCIDStr(), prev[len(prev)-1].CID)
+			return fmt.Errorf("%w: prev %q is not the head %s", ErrInvalidOperation, o.PrevCIDStr(), head.CID)
 		}
 	}
 	candidate := append(append([]didplc.LogEntry(nil), prev...), entry)
 	if err := didplc.VerifyOpLog(candidate); err != nil {
-		return fmt.Errorf("invalid operation: %w", err)
+		return fmt.Errorf("%w: %w", ErrInvalidOperation, err)
 	}
-	if d.file != nil {
-		b, err := json.Marshal(&entry)
-		if err != nil {
-			return err
-		}
-		if _, err := d.file.Write(append(b, '\n')); err != nil {
-			return err
-		}
+	if err := d.store.Append(ctx, len(prev), entry); err != nil {
+		return err
 	}
-	d.logs[did] = candidate
 	d.last = now
 	return nil
 }
 
-// Log returns did's operations, oldest first.
+// Log returns did's operations, oldest first, or none if the store
+// fails: it is for tests over the memory and file stores, which cannot.
+// Use Store().Log where a failure matters.
 func (d *Directory) Log(did string) []didplc.LogEntry {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]didplc.LogEntry(nil), d.logs[did]...)
+	log, _ := d.store.Log(context.Background(), did)
+	return log
 }
 
-// Count returns how many DIDs the directory holds.
+// Count returns how many DIDs the directory holds, or 0 if the store
+// fails (see Log).
 func (d *Directory) Count() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.logs)
+	n, _ := d.store.Count(context.Background())
+	return n
 }
 
-// ServeHTTP implements the directory's HTTP API.
+// ServeHTTP implements the directory's HTTP API. Reads are open to
+// browsers (CORS), as the real directory's are.
 func (d *Directory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Access-Control-Allow-Origin", "*")
 	path := strings.TrimPrefix(r.URL.Path, "/")
 	if path == "" || path == "_health" {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "bulwark-plctest"})
@@ -160,36 +168,59 @@ func (d *Directory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	did, rest, _ := strings.Cut(path, "/")
 	switch {
 	case r.Method == http.MethodPost && rest == "":
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxOpBytes))
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		var op didplc.OpEnum
-		if err := json.Unmarshal(body, &op); err != nil {
-			writeError(w, http.StatusBadRequest, "malformed operation: "+err.Error())
-			return
-		}
-		if err := d.Submit(did, op); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{})
-		return
+		d.serveSubmit(w, r, did)
+	case r.Method == http.MethodOptions:
+		w.Header().Set("Access-Control-Allow-Methods", "GET, HEAD, POST")
+		w.Header().Set("Access-Control-Allow-Headers", "Content-Type")
+		w.WriteHeader(http.StatusNoContent)
 	case r.Method != http.MethodGet && r.Method != http.MethodHead:
 		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+	default:
+		d.serveRead(w, r, did, rest)
+	}
+}
+
+func (d *Directory) serveSubmit(w http.ResponseWriter, r *http.Request, did string) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxOpBytes))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	log := d.Log(did)
+	var op didplc.OpEnum
+	if err := json.Unmarshal(body, &op); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed operation: "+err.Error())
+		return
+	}
+	switch err := d.SubmitContext(r.Context(), did, op); {
+	case err == nil:
+		writeJSON(w, http.StatusOK, map[string]string{})
+	case errors.Is(err, ErrInvalidOperation):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrConflict):
+		writeError(w, http.StatusConflict, err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, "storing the operation failed")
+	}
+}
+
+func (d *Directory) serveRead(w http.ResponseWriter, r *http.Request, did, rest string) {
+	if _, err := syntax.ParseDID(did); err != nil || !strings.HasPrefix(did, "did:plc:") {
+		writeError(w, http.StatusNotFound, "not a did:plc")
+		return
+	}
+	log, err := d.store.Log(r.Context(), did)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "reading the log failed")
+		return
+	}
 	if len(log) == 0 {
 		writeError(w, http.StatusNotFound, "DID not registered: "+did)
 		return
 	}
 	lastOp := log[len(log)-1].Operation.AsOperation()
-	_, tomb := lastOp.(*didplc.TombstoneOp)
 	switch rest {
 	case "":
-		if tomb {
+		if _, tomb := lastOp.(*didplc.TombstoneOp); tomb {
 			writeError(w, http.StatusGone, "DID not available: "+did)
 			return
 		}
