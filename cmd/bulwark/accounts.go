@@ -16,7 +16,8 @@ import (
 // over pool. waker (the firehose sequencer) may be nil. The signing-key
 // store is sealed with a key derived from the PLC rotation key (see
 // account.KeyStore for why that secret). cleaners run inside every account
-// deletion (the blob service's references, ...).
+// deletion (the blob service's references, ...). The account service's
+// Mailer (newMailer) is built here too; the caller runs its worker.
 func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
@@ -34,6 +35,10 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, err
 	}
+	mailer, err := newMailer(cfg, pool, logger)
+	if err != nil {
+		return nil, nil, err
+	}
 	accounts, err := account.New(account.Config{
 		Pool:           pool,
 		Keys:           keys,
@@ -47,6 +52,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		JWTSecret:      []byte(cfg.JWTSecret),
 		Cleaners:       cleaners,
 		Logger:         logger,
+		Mail:           mailer,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("accounts: %w", err)
