@@ -228,7 +228,7 @@ func (s *Server) handleAdminSendEmail(w http.ResponseWriter, r *http.Request) er
 	if strings.TrimSpace(in.Content) == "" {
 		return InvalidRequest("content is required")
 	}
-	subject, comment := deref(in.Subject), deref(in.Comment)
+	subject, comment := stringOrEmpty(in.Subject), stringOrEmpty(in.Comment)
 	if len(comment) > email.MaxAdminSubjectLen {
 		return InvalidRequest("comment is longer than %d bytes", email.MaxAdminSubjectLen)
 	}
@@ -307,9 +307,11 @@ func (s *Server) describeServer(out *comatproto.ServerDescribeServer_Output) des
 	}
 }
 
+// isAccountNotFound reports whether err says the account does not exist.
 func isAccountNotFound(err error) bool { return errors.Is(err, account.ErrAccountNotFound) }
 
-func deref(p *string) string {
+// stringOrEmpty is *p, or "" for nil.
+func stringOrEmpty(p *string) string {
 	if p == nil {
 		return ""
 	}
