@@ -141,6 +141,9 @@ func (s *Service) Delete(ctx context.Context, did syntax.DID, opts ...WriteOptio
 		if _, _, err := lockAccount(ctx, tx, did); err != nil {
 			return err
 		}
+		if err := runFirst(ctx, tx, opts); err != nil {
+			return err
+		}
 		// The repo row is locked first, as writers lock it, so a commit in
 		// flight finishes before its rows are deleted.
 		if _, err := tx.Exec(ctx, qLockRepoRoot, did.String()); err != nil {

@@ -209,6 +209,19 @@ type Config struct {
 	PrivacyPolicyURL string
 	// TermsOfServiceURL is published in describeServer.
 	TermsOfServiceURL string
+	// SMTPURL is the mail server codes and messages are sent through
+	// (email.ParseSMTPURL: smtps://user:pass@host:465,
+	// smtp://user:pass@host:587 with STARTTLS). Empty means no mail is
+	// sent: it is held, and an operator reads the codes with
+	// `bulwark admin account tokens`.
+	SMTPURL string
+	// EmailFrom is the sender of mail, "Name <addr>" or "addr"; required
+	// with SMTPURL.
+	EmailFrom string
+	// EmailTemplates is a directory of mail templates that replace the
+	// built-in ones file by file (see package email). Empty means the
+	// built-in ones.
+	EmailTemplates string
 	// ShutdownTimeout bounds how long a stopping server waits for
 	// requests in flight before closing them.
 	ShutdownTimeout time.Duration

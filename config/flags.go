@@ -69,6 +69,9 @@ func (c *Config) settings() []setting {
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
 		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},
 		{"terms-of-service-url", "terms of service link published by describeServer", (*stringValue)(&c.TermsOfServiceURL)},
+		{"smtp-url", "mail server for codes and admin messages: smtps://user:pass@host:465 or smtp://user:pass@host:587 (STARTTLS); unset = mail is held (bulwark admin account tokens)", (*smtpURLValue)(&c.SMTPURL)},
+		{"email-from", "sender of mail, like 'Example PDS <noreply@example.com>'; required with --smtp-url", (*stringValue)(&c.EmailFrom)},
+		{"email-templates", "directory of mail templates replacing the built-in ones file by file", (*stringValue)(&c.EmailTemplates)},
 		{"shutdown-timeout", "how long a stopping server waits for requests in flight", (*durationValue)(&c.ShutdownTimeout)},
 		{"log-level", "minimum log level: debug, info, warn, error", (*levelValue)(&c.LogLevel)},
 		{"log-format", "log format: text or json", (*stringValue)(&c.LogFormat)},
@@ -144,6 +147,7 @@ func (c *Config) Redacted() *Config {
 		}
 	}
 	r.DatabaseURL = RedactDatabaseURL(r.DatabaseURL)
+	r.SMTPURL = RedactSMTPURL(r.SMTPURL)
 	return &r
 }
 

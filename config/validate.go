@@ -33,6 +33,7 @@ func (c *Config) Validate() error {
 		c.validateLoad,
 		c.validateRequests,
 		c.validateDescription,
+		c.validateEmail,
 		c.validateProcess,
 	} {
 		if err := check(); err != nil {

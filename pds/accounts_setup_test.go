@@ -22,6 +22,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
@@ -61,6 +62,11 @@ type envOptions struct {
 	options func(*Options)
 	// cleaners are passed to account.Config.Cleaners.
 	cleaners []account.Cleaner
+	// mail, when set, configures the accounts' Mailer (default: one
+	// without SMTP, which holds every mail).
+	mail *email.Config
+	// logs, when set, receives every log line at debug level.
+	logs *lockedBuffer
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -98,6 +104,16 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		pool = dbtest.New(t)
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if opts.logs != nil {
+		logger = slog.New(slog.NewTextHandler(opts.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	var mailer *email.Mailer
+	if opts.mail != nil {
+		mc := *opts.mail
+		mc.Hostname, mc.Logger = cfg.Hostname, logger
+		mailer, err = email.New(pool, mc)
+		require.NoError(t, err)
+	}
 	keys, err := account.NewKeyStore(pool, rotation.Bytes())
 	require.NoError(t, err)
 	var waker repo.Waker
@@ -116,7 +132,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners,
+		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}

@@ -11,6 +11,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -194,6 +195,15 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrInvalidAppPassword, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAppPasswordNotFound, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAccountNotFound, status: http.StatusBadRequest, name: "AccountNotFound"},
+
+	// Mailed codes and the mail flows, named as the reference PDS names
+	// them.
+	{sentinel: email.ErrTokenExpired, status: http.StatusBadRequest, name: "ExpiredToken"},
+	{sentinel: email.ErrTokenInvalid, status: http.StatusBadRequest, name: "InvalidToken"},
+	{sentinel: account.ErrTokenRequired, status: http.StatusBadRequest, name: "TokenRequired"},
+	{sentinel: account.ErrEmailMismatch, status: http.StatusBadRequest, name: "InvalidEmail"},
+	{sentinel: account.ErrNoEmail, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: email.ErrInvalidMessage, status: http.StatusBadRequest, name: "InvalidRequest"},
 
 	// The repository engine.
 	{sentinel: repo.ErrLimitExceeded, status: http.StatusBadRequest, name: "InvalidRequest", build: limitExceeded},

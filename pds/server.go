@@ -235,6 +235,7 @@ func (s *Server) routes() {
 	s.registerAdminFirehoseRoutes()
 	s.registerAdminAccountRoutes()
 	s.registerAccountRoutes()
+	s.registerEmailRoutes()
 	s.registerSessionRoutes()
 	s.registerIdentityRoutes()
 	s.registerRepoRoutes()

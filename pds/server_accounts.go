@@ -27,7 +27,6 @@ func (s *Server) registerAccountRoutes() {
 	s.procedure("com.atproto.server.deactivateAccount", s.handleDeactivateAccount)
 	s.query("com.atproto.server.checkAccountStatus", s.handleCheckAccountStatus)
 	s.procedure("com.atproto.server.deleteAccount", s.handleDeleteAccount)
-	s.procedure("com.atproto.server.requestAccountDelete", s.handleRequestAccountDelete)
 }
 
 type createAccountInput struct {
@@ -331,12 +330,11 @@ type deleteAccountInput struct {
 	Token    string `json:"token"`
 }
 
-// handleDeleteAccount deletes an account given its DID and password. The
-// reference PDS also wants an emailed token (requestAccountDelete); this
-// server sends no email yet, so instead of the token it accepts a
-// full-access session of the same account (Authorization: Bearer), which
-// proves the same thing: someone logged in with the password right now
-// wants this. Without either, the request is refused.
+// handleDeleteAccount deletes an account given its DID, its password and
+// a delete_account code mailed by requestAccountDelete, as the reference
+// PDS does; no session is needed. A wrong password is 401 whether or not
+// the account exists; a wrong or used code is 400 InvalidToken, an
+// expired one ExpiredToken, and neither deletes anything.
 func (s *Server) handleDeleteAccount(w http.ResponseWriter, r *http.Request) error {
 	if err := s.limitIP(w, r, policyDeleteAccount); err != nil {
 		return err
@@ -352,26 +350,15 @@ func (s *Server) handleDeleteAccount(w http.ResponseWriter, r *http.Request) err
 	if in.Password == "" {
 		return InvalidRequest("password is required")
 	}
-	auth, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
-	if err != nil {
-		if in.Token != "" {
-			return newError(http.StatusBadRequest, "InvalidToken", "account-deletion tokens are not issued by this server (no email); call deleteAccount with a session of the account instead")
-		}
-		return err
+	if in.Token == "" {
+		return InvalidRequest("token is required: request one with com.atproto.server.requestAccountDelete")
 	}
-	if auth.DID != did {
-		return Forbidden("a session may only delete its own account")
+	if len(in.Password) > account.MaxPasswordLength {
+		return account.ErrAuthFailed
 	}
-	if err := s.accounts.CheckPassword(r.Context(), did, in.Password); err != nil {
-		return err
-	}
-	if err := s.accounts.Delete(r.Context(), did); err != nil {
+	if err := s.accounts.DeleteWithCode(r.Context(), did, in.Password, in.Token); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)
 	return nil
-}
-
-func (s *Server) handleRequestAccountDelete(w http.ResponseWriter, r *http.Request) error {
-	return MethodNotImplemented("this server sends no email yet: delete the account with com.atproto.server.deleteAccount and a session of the account")
 }

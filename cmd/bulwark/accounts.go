@@ -19,7 +19,8 @@ import (
 // account.KeyStore for why that secret). cleaners run inside every account
 // deletion (the blob service's references, ...). plcHTTP carries the PLC
 // client's requests; nil means an ordinary client (the development PLC
-// passes its in-process one).
+// passes its in-process one). The account service's Mailer (newMailer) is
+// built here too; the caller runs its worker.
 func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
@@ -37,6 +38,10 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, err
 	}
+	mailer, err := newMailer(cfg, pool, logger)
+	if err != nil {
+		return nil, nil, err
+	}
 	accounts, err := account.New(account.Config{
 		Pool:           pool,
 		Keys:           keys,
@@ -50,6 +55,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		JWTSecret:      []byte(cfg.JWTSecret),
 		Cleaners:       cleaners,
 		Logger:         logger,
+		Mail:           mailer,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("accounts: %w", err)

@@ -181,6 +181,7 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
+	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
