@@ -119,7 +119,7 @@ func TestServeSendsMail(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("serve did not stop")
 	}
-	require.Contains(t, logs.String(), `smtp-url="smtp://bulwark:xxxxx@`)
+	require.Contains(t, logs.String(), `smtp="smtp://bulwark:xxxxx@`, "the SMTP URL is logged with its password redacted")
 	require.NotContains(t, logs.String(), smtpTestPassword)
 	require.False(t, strings.Contains(logs.String(), string(code)), "no code in the log")
 }
