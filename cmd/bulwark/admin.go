@@ -182,7 +182,7 @@ func isHelp(arg string) bool {
 // command.
 func (a *adminRun) commonFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.url, "url", a.url, "server base URL [$BULWARK_ADMIN_URL; else http://$BULWARK_LISTEN]")
-	fs.Var(secretFlag{&a.password}, "admin-password", "admin password [$BULWARK_ADMIN_PASSWORD; else <data-dir>/secrets/admin-password]")
+	fs.Var(secretFlag{&a.password}, "admin-password", "admin `password` [$BULWARK_ADMIN_PASSWORD; else <data-dir>/secrets/admin-password]")
 	fs.StringVar(&a.dataDir, "data-dir", a.dataDir, "the server's data directory, for its generated admin password [$BULWARK_DATA_DIR]")
 	fs.BoolVar(&a.json, "json", a.json, "print JSON instead of a table")
 }
@@ -230,13 +230,13 @@ func (a *adminRun) parse(cmd *adminCommand, fs *flag.FlagSet, args []string, nar
 		args = rest[1:]
 	}
 	if nargs >= 0 && len(pos) != nargs {
-		return nil, usageError(fmt.Sprintf("usage: bulwark admin %s %s", cmd.path, cmd.args))
+		return nil, usageError("usage: bulwark admin " + strings.TrimSpace(cmd.path+" "+cmd.args))
 	}
 	return pos, nil
 }
 
 func commandUsage(w io.Writer, cmd *adminCommand, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "Usage: bulwark admin %s %s\n\n%s\n\nFlags:\n", cmd.path, cmd.args, cmd.summary)
+	fmt.Fprintf(w, "Usage: bulwark admin %s\n\n%s\n\nFlags:\n", strings.TrimSpace(cmd.path+" "+cmd.args), cmd.summary)
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
@@ -245,7 +245,7 @@ func commandUsage(w io.Writer, cmd *adminCommand, fs *flag.FlagSet) {
 func groupUsage(w io.Writer, title string, cmds []*adminCommand) {
 	fmt.Fprintf(w, "%s:\n", title)
 	for _, c := range cmds {
-		fmt.Fprintf(w, "  bulwark admin %s %s\n      %s\n", c.path, c.args, c.summary)
+		fmt.Fprintf(w, "  bulwark admin %s\n      %s\n", strings.TrimSpace(c.path+" "+c.args), c.summary)
 	}
 	fmt.Fprintln(w, "\nEvery command takes --url, --admin-password, --data-dir and --json (see bulwark admin -h).")
 }
@@ -260,7 +260,7 @@ Administer a Bulwark server, local or remote, through its admin XRPC API
 	for _, g := range adminGroups {
 		fmt.Fprintf(w, "%s:\n", g.title)
 		for _, c := range g.commands {
-			fmt.Fprintf(w, "  %s %s\n", c.path, c.args)
+			fmt.Fprintf(w, "  %s\n", strings.TrimSpace(c.path+" "+c.args))
 		}
 		fmt.Fprintln(w)
 	}

@@ -25,9 +25,12 @@ import (
 // with accounts on a local PLC directory: what the admin CLI and backups
 // are tested against.
 type liveServer struct {
-	url      string // http://127.0.0.1:<port>
-	hostname string
-	dataDir  string
+	url         string // http://127.0.0.1:<port>
+	hostname    string
+	dataDir     string
+	databaseURL string // "" for the managed cluster
+	// lastRKey is the record key of the last createRecord.
+	lastRKey string
 	cancel   context.CancelFunc
 	done     <-chan int
 	logs     *syncbuf.Buffer
@@ -82,7 +85,7 @@ func startLiveServer(t *testing.T, o serverOptions) *liveServer {
 	args = append(args, o.extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, done, logs := startServe(t, ctx, args)
-	s := &liveServer{url: "http://" + addr, hostname: o.hostname, dataDir: o.dataDir, cancel: cancel, done: done, logs: logs}
+	s := &liveServer{url: "http://" + addr, hostname: o.hostname, dataDir: o.dataDir, databaseURL: o.databaseURL, cancel: cancel, done: done, logs: logs}
 	t.Cleanup(func() { s.stop(t) })
 	return s
 }

@@ -186,14 +186,15 @@ func runRequestCrawl(ctx context.Context, a *adminRun, cmd *adminCommand, args [
 		}
 	}
 	err = a.output(out, func(w io.Writer) error {
+		fmt.Fprintf(w, "asked to crawl %s:\n", out.Hostname)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "RELAY\tRESULT\t(hostname %s)\n", out.Hostname)
+		fmt.Fprintln(tw, "RELAY\tRESULT")
 		for _, r := range out.Results {
 			res := "ok"
 			if !r.OK {
 				res = "FAILED: " + r.Error
 			}
-			fmt.Fprintf(tw, "%s\t%s\t\n", r.Relay, res)
+			fmt.Fprintf(tw, "%s\t%s\n", r.Relay, res)
 		}
 		return tw.Flush()
 	})
