@@ -38,6 +38,12 @@ const maxAdminResponse = 64 << 20
 // errHelp means help was asked for and printed: exit 0.
 var errHelp = errors.New("help shown")
 
+// noCommandError means no known command was named: exit 2 with the command
+// list.
+type noCommandError string
+
+func (e noCommandError) Error() string { return string(e) }
+
 // usageError is a mistake on the command line: exit 2 with the usage.
 type usageError string
 
@@ -62,7 +68,7 @@ type adminRun struct {
 // adminCommand is one leaf command: `bulwark admin <path> <args>`.
 type adminCommand struct {
 	path    string // "account info"
-	args    string // "ACCOUNT [--json]", as the usage shows it
+	args    string // "ACCOUNT --yes", as the usage shows it
 	summary string
 	run     func(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error
 }
@@ -92,6 +98,7 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	err := a.main(ctx, args)
 	var ue usageError
 	var ge *groupUsageError
+	var nc noCommandError
 	switch {
 	case errors.Is(err, errHelp):
 		return 0
@@ -99,9 +106,12 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", ge.msg)
 		groupUsage(stderr, ge.title, ge.cmds)
 		return 2
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", ue)
+	case errors.As(err, &nc):
+		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", nc)
 		adminUsage(stderr)
+		return 2
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "bulwark admin: %s\n(\"bulwark admin COMMAND -h\" describes a command, \"bulwark admin -h\" lists them)\n", ue)
 		return 2
 	case err != nil:
 		fmt.Fprintf(stderr, "bulwark admin: %v\n", err)
@@ -120,11 +130,11 @@ func (a *adminRun) main(ctx context.Context, args []string) error {
 			adminUsage(a.stdout)
 			return errHelp
 		}
-		return usageError(err.Error())
+		return noCommandError(err.Error())
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return usageError("no command")
+		return noCommandError("no command")
 	}
 	if isHelp(rest[0]) {
 		adminUsage(a.stdout)
@@ -139,7 +149,7 @@ func (a *adminRun) main(ctx context.Context, args []string) error {
 		}
 		return a.runGroup(ctx, g.name, g.title, g.commands, rest[1:])
 	}
-	return usageError(fmt.Sprintf("unknown admin command %q", rest[0]))
+	return noCommandError(fmt.Sprintf("unknown admin command %q", rest[0]))
 }
 
 // runGroup runs `bulwark admin <group> <command> ...`.

@@ -59,13 +59,12 @@ func (l listedAccounts) byHandle(handle string) *accountRow {
 	return nil
 }
 
-// TestAdminAccountCommands drives every account, invite and request-crawl
-// command against a running server that requires invites, as its operator
-// would: the password comes from the data dir.
+// TestAdminAccountCommands drives every account command against a running
+// server that requires invites, as its operator would: the password comes
+// from the data dir.
 func TestAdminAccountCommands(t *testing.T) {
 	t.Parallel()
-	relay, crawled := fakeRelay(t, false)
-	s := startLiveServer(t, serverOptions{extra: []string{"--invite-required", "--crawlers", relay}})
+	s := startLiveServer(t, serverOptions{extra: []string{"--invite-required"}})
 
 	// The first-account command exactly as the start banner prints it: an
 	// invite is minted with the admin password, the password generated.
@@ -125,38 +124,8 @@ func TestAdminAccountCommands(t *testing.T) {
 	s.admin(t, "account", "untakedown", "bob.localhost")
 	require.Equal(t, "active", field(t, s.admin(t, "account", "info", bob.DID), "Status"))
 
-	// invite create: codes that createAccount accepts.
-	var inv struct {
-		Codes []string `json:"codes"`
-	}
-	s.adminJSON(t, &inv, "invite", "create", "--uses", "2", "--count", "2")
-	require.Len(t, inv.Codes, 2)
-	status, body = s.xrpc(t, http.MethodPost, "com.atproto.server.createAccount", "", nil, map[string]string{
-		"handle": "carol.localhost", "email": "carol@example.com", "password": "carol-password-1", "inviteCode": inv.Codes[0]}, nil)
-	require.Equal(t, http.StatusOK, status, "%s", body)
-	require.Len(t, strings.Fields(s.admin(t, "invite", "create")), 1, "one code a line")
-
-	// request-crawl: the configured crawler by default, or the relays given.
-	out = s.admin(t, "request-crawl")
-	require.Regexp(t, regexp.QuoteMeta(relay)+`\s+ok`, out)
-	require.Equal(t, s.hostname, <-crawled)
-	other, otherCrawled := fakeRelay(t, false)
-	var crawl struct {
-		Hostname string        `json:"hostname"`
-		Results  []crawlResult `json:"results"`
-	}
-	s.adminJSON(t, &crawl, "request-crawl", other)
-	require.Equal(t, []crawlResult{{Relay: other, OK: true}}, crawl.Results)
-	require.Equal(t, s.hostname, <-otherCrawled)
-	broken, brokenCrawled := fakeRelay(t, true)
-	code, out, errOut := cli("admin", "--url", s.url, "--data-dir", s.dataDir, "request-crawl", broken)
-	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "FAILED")
-	require.Contains(t, errOut, "1 of 1 relay(s)")
-	<-brokenCrawled
-
 	// delete: refused without --yes, then gone for good.
-	code, _, errOut = cli("admin", "--url", s.url, "--data-dir", s.dataDir, "account", "delete", "bob.localhost")
+	code, _, errOut := cli("admin", "--url", s.url, "--data-dir", s.dataDir, "account", "delete", "bob.localhost")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--yes")
 	s.admin(t, "account", "delete", "bob.localhost", "--yes")
@@ -178,6 +147,44 @@ func TestAdminAccountCommands(t *testing.T) {
 	for _, a := range []string{"updateAccountEmail", "updateAccountHandle", "updateAccountPassword", "updateSubjectStatus", "deleteAccount"} {
 		require.True(t, actions["com.atproto.admin."+a], "audit log lacks %s: %v", a, actions)
 	}
+}
+
+// TestAdminInvitesAndCrawl: invite codes that createAccount accepts, and
+// requestCrawl to the configured relay or the ones given.
+func TestAdminInvitesAndCrawl(t *testing.T) {
+	t.Parallel()
+	relay, crawled := fakeRelay(t, false)
+	s := startLiveServer(t, serverOptions{extra: []string{"--invite-required", "--crawlers", relay}})
+
+	// invite create: codes that createAccount accepts.
+	var inv struct {
+		Codes []string `json:"codes"`
+	}
+	s.adminJSON(t, &inv, "invite", "create", "--uses", "2", "--count", "2")
+	require.Len(t, inv.Codes, 2)
+	status, body := s.xrpc(t, http.MethodPost, "com.atproto.server.createAccount", "", nil, map[string]string{
+		"handle": "carol.localhost", "email": "carol@example.com", "password": "carol-password-1", "inviteCode": inv.Codes[0]}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	require.Len(t, strings.Fields(s.admin(t, "invite", "create")), 1, "one code a line")
+
+	// request-crawl: the configured crawler by default, or the relays given.
+	out := s.admin(t, "request-crawl")
+	require.Regexp(t, regexp.QuoteMeta(relay)+`\s+ok`, out)
+	require.Equal(t, s.hostname, <-crawled)
+	other, otherCrawled := fakeRelay(t, false)
+	var crawl struct {
+		Hostname string        `json:"hostname"`
+		Results  []crawlResult `json:"results"`
+	}
+	s.adminJSON(t, &crawl, "request-crawl", other)
+	require.Equal(t, []crawlResult{{Relay: other, OK: true}}, crawl.Results)
+	require.Equal(t, s.hostname, <-otherCrawled)
+	broken, brokenCrawled := fakeRelay(t, true)
+	code, out, errOut := cli("admin", "--url", s.url, "--data-dir", s.dataDir, "request-crawl", broken)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "FAILED")
+	require.Contains(t, errOut, "1 of 1 relay(s)")
+	<-brokenCrawled
 }
 
 // TestAdminAuthAndUsage: a wrong password fails clearly with exit 1; a
