@@ -130,28 +130,37 @@ func (s *liveServer) sequenced(t *testing.T, users []testUser) int64 {
 		}
 		status, body := s.xrpc(t, http.MethodGet, "com.atproto.sync.getLatestCommit", "", url.Values{"did": {u.did}}, nil, &head)
 		require.Equal(t, http.StatusOK, status, "%s", body)
-		// Polled on the test's goroutine, so that require may stop it.
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		deadline := time.Now().Add(waitLimit)
-		for seq := int64(0); seq == 0; {
-			var evs struct {
-				Events []firehoseEvent `json:"events"`
-			}
-			s.adminJSON(t, &evs, "firehose", "events", "--did", u.did, "--limit", "1000")
-			for _, e := range evs.Events {
-				if e.Rev == head.Rev && e.Kind == "commit" {
-					seq = e.Seq
-				}
-			}
-			require.True(t, time.Now().Before(deadline), "the commit %s of %s never got a seq", head.Rev, u.did)
-			if seq == 0 {
-				<-tick.C
-			}
-			last = max(last, seq)
-		}
+		ev := s.waitEvent(t, func(e firehoseEvent) bool {
+			return e.DID == u.did && e.Rev == head.Rev && (e.Kind == "commit" || e.Kind == "sync")
+		})
+		last = max(last, ev.Seq)
 	}
 	return last
+}
+
+// waitEvent polls the admin event listing until an event matches, and
+// returns it. Polled on the test's goroutine, so that require may stop it.
+func (s *liveServer) waitEvent(t *testing.T, match func(firehoseEvent) bool) firehoseEvent {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(waitLimit)
+	for {
+		var evs struct {
+			Events []firehoseEvent `json:"events"`
+		}
+		s.adminJSON(t, &evs, "firehose", "events", "--limit", "1000")
+		for _, e := range evs.Events {
+			if match(e) {
+				return e
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("no such firehose event after %v", waitLimit)
+		}
+	}
 }
 
 // replay reads subscribeRepos from cursor 0 up to the users' last commit,
