@@ -189,12 +189,12 @@ func libpqConn(raw string) (conn, password string) {
 }
 
 // runTool runs a Postgres client program against the database at url,
-// with the password in the environment and libpq's other PG* variables
-// removed (they would redirect it). Its stderr is kept for the error.
+// with the URL's password in the environment. libpq's other PG* variables
+// are passed on: pgx reads the same ones, so the program sees the database
+// the server does. Its stderr is kept for the error.
 func runTool(ctx context.Context, tool pgTool, url string, args ...string) error {
 	conn, password := libpqConn(url)
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "PG") })
-	env = append(env, "PGAPPNAME=bulwark-backup")
+	env := append(os.Environ(), "PGAPPNAME=bulwark-backup")
 	if password != "" {
 		env = append(env, "PGPASSWORD="+password)
 	}
