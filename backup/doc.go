@@ -12,8 +12,9 @@
 //
 // A backup may be taken while the server runs. pg_dump reads one snapshot;
 // the blobs are copied after it, so every blob a record in the dump refers
-// to is already on disk, and blobs uploaded meanwhile come along unused
-// (harmless: the collector removes them after the restore). A blob deleted
+// to is already on disk. Blobs uploaded meanwhile come along too; the dump
+// has no row for them, so a restored server never serves them: they only
+// take space (the collector works from rows, so it leaves them). A blob deleted
 // between the snapshot and the copy (its account deleted during the backup)
 // is missing from it.
 //
