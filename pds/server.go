@@ -233,6 +233,7 @@ func (s *Server) routes() {
 	// Operations.
 	s.query("_health", s.handleHealth)
 	s.registerAdminFirehoseRoutes()
+	s.registerAdminCrawlRoutes()
 	s.registerAdminAccountRoutes()
 	s.registerAccountRoutes()
 	s.registerEmailRoutes()

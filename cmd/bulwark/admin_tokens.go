@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,40 +57,20 @@ func printPendingEmailTokens(w io.Writer, p *pendingEmailTokens) error {
 	return tw.Flush()
 }
 
-// accountCommand runs `bulwark admin account SUBCOMMAND ...`; tokens is
-// the one this file provides.
-func (c *adminClient) accountCommand(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) < 1 || args[0] != "tokens" {
-		return usageError("usage: bulwark admin account tokens ACCOUNT [--json]")
+// runAccountTokens is `bulwark admin account tokens ACCOUNT`.
+func runAccountTokens(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
+	fs := a.flags(cmd)
+	pos, err := a.parse(cmd, fs, args, 1)
+	if err != nil {
+		return err
 	}
-	fs := flag.NewFlagSet("account tokens", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	asJSON := fs.Bool("json", false, "print JSON")
-	var pos []string
-	rest := args[1:]
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return usageError(err.Error())
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
-	}
-	if len(pos) != 1 {
-		return usageError("usage: bulwark admin account tokens ACCOUNT [--json] (ACCOUNT is a handle or DID)")
+	c, err := a.conn()
+	if err != nil {
+		return err
 	}
 	p, err := c.fetchPendingEmailTokens(ctx, pos[0])
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		b, err := json.MarshalIndent(p, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = out.Write(append(b, '\n'))
-		return err
-	}
-	return printPendingEmailTokens(out, p)
+	return a.output(p, func(w io.Writer) error { return printPendingEmailTokens(w, p) })
 }

@@ -98,7 +98,7 @@ func TestAdminAccountTokens(t *testing.T) {
 	code, _, errOut = admin("account", "tokens", "nobody.test")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "NotFound")
-	for _, args := range [][]string{{"account"}, {"account", "tokens"}, {"account", "tokens", "a", "b"}, {"account", "list"}} {
+	for _, args := range [][]string{{"account"}, {"account", "tokens"}, {"account", "tokens", "a", "b"}} {
 		code, _, errOut = admin(args...)
 		require.Equal(t, 2, code, "%v: %s", args, errOut)
 		require.Contains(t, errOut, "account tokens ACCOUNT")
