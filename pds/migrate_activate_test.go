@@ -52,22 +52,28 @@ func TestActivationAfterMove(t *testing.T) {
 	p.moveIdentity(t, u, nu)
 
 	got := make(chan streamEvent, 16)
+	send := func(e streamEvent) {
+		select {
+		case got <- e:
+		case <-ctx.Done():
+		}
+	}
 	cb := &events.RepoStreamCallbacks{
 		RepoIdentity: func(e *comatproto.SyncSubscribeRepos_Identity) error {
 			if e.Did == u.did.String() {
-				got <- streamEvent{kind: "identity", seq: e.Seq, handle: deref(e.Handle)}
+				send(streamEvent{kind: "identity", seq: e.Seq, handle: deref(e.Handle)})
 			}
 			return nil
 		},
 		RepoAccount: func(e *comatproto.SyncSubscribeRepos_Account) error {
 			if e.Did == u.did.String() {
-				got <- streamEvent{kind: "account", seq: e.Seq, active: e.Active}
+				send(streamEvent{kind: "account", seq: e.Seq, active: e.Active})
 			}
 			return nil
 		},
 		RepoSync: func(e *comatproto.SyncSubscribeRepos_Sync) error {
 			if e.Did == u.did.String() {
-				got <- streamEvent{kind: "sync", seq: e.Seq, rev: e.Rev}
+				send(streamEvent{kind: "sync", seq: e.Seq, rev: e.Rev})
 			}
 			return nil
 		},
