@@ -3,9 +3,10 @@ INSERT INTO accounts (did, handle, email, password_hash, signing_key)
 VALUES ($1, $2, $3, $4, $5);
 
 -- name: HandleOrEmailTaken
+-- $3 is a DID whose own account does not count ('' for none).
 SELECT
-    EXISTS (SELECT 1 FROM accounts WHERE handle = $1),
-    EXISTS (SELECT 1 FROM accounts WHERE email = $2);
+    EXISTS (SELECT 1 FROM accounts WHERE handle = $1 AND did <> $3),
+    EXISTS (SELECT 1 FROM accounts WHERE email = $2 AND did <> $3);
 
 -- name: GetAccountByDID
 SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/email"
@@ -67,6 +68,9 @@ type envOptions struct {
 	mail *email.Config
 	// logs, when set, receives every log line at debug level.
 	logs *lockedBuffer
+	// blobs wires a blob service on disk, as serve does: the engine
+	// tracks blob references, account deletion cleans them up.
+	blobs bool
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -125,7 +129,16 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		t.Cleanup(func() { cancel(); <-done })
 		waker = seq
 	}
-	engine := repo.New(pool, keys, waker, repo.Config{Logger: logger})
+	var blobs *blob.Service
+	rcfg := repo.Config{Logger: logger}
+	if opts.blobs {
+		store, err := blob.NewDiskStore(cfg.BlobDir)
+		require.NoError(t, err)
+		blobs = blob.New(pool, store, blob.Config{Logger: logger})
+		opts.cleaners = append(opts.cleaners, blobs)
+		rcfg.Blobs = blobs
+	}
+	engine := repo.New(pool, keys, waker, rcfg)
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
 	accts, err := account.New(account.Config{
@@ -135,7 +148,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer,
 	})
 	require.NoError(t, err)
-	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}
+	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs}
 	if opts.options != nil {
 		opts.options(&o)
 	}

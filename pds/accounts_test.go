@@ -203,7 +203,7 @@ func TestCreateAccountRefusals(t *testing.T) {
 		{"no password", map[string]any{"handle": "alice.test", "email": "a@example.com"}, 400, "InvalidPassword"},
 		{"bad email", map[string]any{"handle": "alice.test", "email": "not an email", "password": "long enough"}, 400, "InvalidRequest"},
 		{"email taken", map[string]any{"handle": "alice.test", "email": "user" + strings.TrimSuffix(strings.TrimPrefix(u.handle, "user"), ".test") + "@example.com", "password": "long enough"}, 400, "InvalidRequest"},
-		{"bring your own DID", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "did": "did:web:example.com"}, 400, "InvalidRequest"},
+		{"existing DID without a service-auth JWT", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "did": "did:web:example.com"}, 401, "AuthenticationRequired"},
 		{"plcOp", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "plcOp": map[string]any{}}, 400, "InvalidRequest"},
 	}
 	for _, tc := range cases {

@@ -29,6 +29,7 @@ func tokenInvalid(msg string) *XRPCError {
 // authPolicy is what requireAuth accepts beyond a valid, live session.
 type authPolicy struct {
 	allowDeactivated bool
+	allowTakendown   bool
 	fullAccess       bool // the account password, not an app password
 	privileged       bool // full access or a privileged app password
 }
@@ -39,6 +40,10 @@ type authOption func(*authPolicy)
 // allowDeactivated lets a deactivated account through (getSession,
 // activateAccount, checkAccountStatus, deleteSession...).
 func allowDeactivated() authOption { return func(p *authPolicy) { p.allowDeactivated = true } }
+
+// allowTakendown lets a taken-down account through (getServiceAuth, which
+// then allows it only what it needs to move away).
+func allowTakendown() authOption { return func(p *authPolicy) { p.allowTakendown = true } }
 
 // fullAccessOnly refuses app-password sessions: account management.
 func fullAccessOnly() authOption { return func(p *authPolicy) { p.fullAccess = true } }
@@ -98,7 +103,7 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 		return nil, err
 	}
 	switch {
-	case a.Status == account.StatusTakendown:
+	case a.Status == account.StatusTakendown && !p.allowTakendown:
 		return nil, account.ErrAccountTakendown
 	case a.Status == account.StatusDeactivated && !p.allowDeactivated:
 		return nil, account.ErrAccountDeactivated

@@ -195,6 +195,10 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrInvalidAppPassword, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAppPasswordNotFound, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAccountNotFound, status: http.StatusBadRequest, name: "AccountNotFound"},
+	{sentinel: account.ErrAccountExists, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrIncompatibleDIDDoc, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrInvalidPLCOperation, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrInvalidPreferences, status: http.StatusBadRequest, name: "InvalidRequest"},
 
 	// Mailed codes and the mail flows, named as the reference PDS names
 	// them.
@@ -215,6 +219,8 @@ var domainErrors = []errorMapping{
 
 	// The PLC directory.
 	{sentinel: plc.ErrNotControlled, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: plc.ErrTombstoned, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: plc.ErrInvalidOperation, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: plc.ErrDirectory, status: http.StatusBadGateway, name: "UpstreamFailure", build: func(err error) *XRPCError {
 		e := UpstreamFailure("the PLC directory did not accept the operation; nothing was changed")
 		e.Err = err

@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/auth"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/time/rate"
 
@@ -154,6 +155,9 @@ type Server struct {
 	accounts  *account.Service
 	repo      *repo.Engine
 	directory identityResolver
+	// serviceAuth checks service-auth JWTs addressed to this server
+	// (createAccount for an existing DID).
+	serviceAuth *auth.ServiceAuthValidator
 
 	blobs *blob.Service
 	// callerDID, when set (tests), replaces session auth for the blob
@@ -202,6 +206,7 @@ func New(opts Options) (*Server, error) {
 		s.holdRefused = opts.holdRefused
 	}
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
+	s.serviceAuth = newServiceAuthValidator(opts.Config, logger)
 	s.blobs = opts.Blobs
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
@@ -239,6 +244,8 @@ func (s *Server) routes() {
 	s.registerEmailRoutes()
 	s.registerSessionRoutes()
 	s.registerIdentityRoutes()
+	s.registerPLCRoutes()
+	s.registerPreferenceRoutes()
 	s.registerRepoRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()

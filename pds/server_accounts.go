@@ -67,15 +67,26 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	if in.Password == "" {
 		return newError(http.StatusBadRequest, "InvalidPassword", "password is required")
 	}
+	if in.DID != "" {
+		// An account moving here: the requester must prove control of
+		// the DID before anything is stored.
+		if err := s.verifyMigrationAuth(r, in.DID); err != nil {
+			return err
+		}
+	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
 		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID,
 	})
 	if err != nil {
 		return err
 	}
-	doc, err := s.didDoc(r.Context(), a)
-	if err != nil {
-		return err
+	var doc *didDocument
+	if in.DID == "" {
+		// A moving account's document still names its old server until
+		// submitPlcOperation; none is made up for it.
+		if doc, err = s.didDoc(r.Context(), a); err != nil {
+			return err
+		}
 	}
 	return writeJSON(w, http.StatusOK, createAccountOutput{
 		AccessJwt: sess.AccessJwt, RefreshJwt: sess.RefreshJwt, Handle: a.Handle.String(), DID: a.DID.String(), DIDDoc: doc,
@@ -258,7 +269,13 @@ func (s *Server) handleActivateAccount(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
-	if err := s.accounts.SetStatus(r.Context(), auth.DID, account.StatusActive); err != nil {
+	// As the reference PDS does: an account whose DID document does not
+	// name this server (a move not finished) is not announced as hosted
+	// here.
+	if err := s.accounts.CheckDIDDocument(r.Context(), auth.DID); err != nil {
+		return err
+	}
+	if err := s.accounts.Activate(r.Context(), auth.DID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)
@@ -307,19 +324,29 @@ func (s *Server) handleCheckAccountStatus(w http.ResponseWriter, r *http.Request
 	if err != nil {
 		return err
 	}
-	out := checkAccountStatusOutput{Activated: auth.Status == account.StatusActive, ValidDid: true}
+	ctx := r.Context()
+	out := checkAccountStatusOutput{Activated: auth.Status == account.StatusActive}
+	// validDid: whether the DID document makes this server the account's
+	// PDS (false too when the directory cannot be reached).
+	out.ValidDid = s.accounts.CheckDIDDocument(ctx, auth.DID) == nil
 	if s.repo != nil {
-		head, err := s.repo.GetHead(r.Context(), auth.DID)
+		head, err := s.repo.GetHead(ctx, auth.DID)
 		if err != nil {
 			return err
 		}
-		n, err := s.repo.CountRecords(r.Context(), auth.DID)
-		if err != nil {
+		if out.IndexedRecords, err = s.repo.CountRecords(ctx, auth.DID); err != nil {
 			return err
 		}
-		out.RepoCommit, out.RepoRev, out.IndexedRecords = head.Commit.String(), head.Rev, n
-		// Blocks: records plus the commit; MST nodes are not counted here.
-		out.RepoBlocks = n + 1
+		if out.RepoBlocks, err = s.repo.CountBlocks(ctx, auth.DID); err != nil {
+			return err
+		}
+		out.RepoCommit, out.RepoRev = head.Commit.String(), head.Rev
+	}
+	if s.blobs != nil {
+		var err error
+		if out.ExpectedBlobs, out.ImportedBlobs, err = s.blobs.Counts(ctx, auth.DID); err != nil {
+			return err
+		}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

@@ -13,7 +13,9 @@ import (
 
 // protectedMethods are account-management methods a service-auth token is
 // never issued for: they must be called directly with a session (the
-// reference PDS's PROTECTED_METHODS).
+// reference PDS's PROTECTED_METHODS). The service proxy refuses to proxy
+// the same list; when both live in one place (the proxy package's
+// IsProtected), this map goes.
 var protectedMethods = map[string]bool{
 	"com.atproto.admin.sendEmail":                       true,
 	"com.atproto.identity.requestPlcOperationSignature": true,
@@ -36,7 +38,7 @@ var protectedMethods = map[string]bool{
 // privilegedMethods need a full-access or privileged app-password session
 // (the reference PDS's PRIVILEGED_METHODS: chat, and createAccount).
 func privilegedMethod(lxm string) bool {
-	return strings.HasPrefix(lxm, "chat.bsky.") || lxm == "com.atproto.server.createAccount"
+	return strings.HasPrefix(lxm, "chat.bsky.") || lxm == createAccountNSID
 }
 
 // registerServiceAuthRoutes registers com.atproto.server.getServiceAuth.
@@ -47,8 +49,12 @@ func (s *Server) registerServiceAuthRoutes() {
 	s.query("com.atproto.server.getServiceAuth", s.handleGetServiceAuth)
 }
 
+// createAccountNSID is the one method a taken-down account may mint a
+// service-auth token for: moving to another server.
+const createAccountNSID = "com.atproto.server.createAccount"
+
 func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r)
+	auth, err := s.requireAuth(r, allowTakendown())
 	if err != nil {
 		return err
 	}
@@ -62,6 +68,9 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 	did, _, _ := strings.Cut(aud, "#")
 	if _, err := syntax.ParseDID(did); err != nil {
 		return InvalidRequest("aud must be a DID or a did#service reference, not %q", aud)
+	}
+	if auth.Status == account.StatusTakendown && lxm != createAccountNSID {
+		return tokenInvalid("Bad token scope: a taken-down account may only request a service auth token for " + createAccountNSID)
 	}
 	if lxm != "" {
 		if _, err := syntax.ParseNSID(lxm); err != nil {
