@@ -138,7 +138,7 @@ t_av=$(ms)
 	--port "$APPVIEW_PORT" --db "$db_url" --out "$work/appview.json") >"$work/appview.log" 2>&1 &
 pids+=($!)
 av_pid=${pids[-1]}
-wait_for "app view" "$av_pid" 60 test -s "$work/appview.json"
+wait_for "app view" "$av_pid" 120 test -s "$work/appview.json"
 appview_did=$(sed -n 's/.*"did":"\([^"]*\)".*/\1/p' "$work/appview.json")
 appview_url=$(sed -n 's/.*"url":"\([^"]*\)".*/\1/p' "$work/appview.json")
 echo "appview.sh: app view $appview_did at $appview_url up in $(($(ms) - t_av)) ms"
