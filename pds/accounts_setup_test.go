@@ -119,7 +119,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners,
 	})
 	require.NoError(t, err)
-	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}
+	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Keys: keys}
 	if opts.options != nil {
 		opts.options(&o)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -133,11 +134,21 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logg
 		return nil, nil, err
 	}
 	services = append(services, service{name: "blob collector", run: blobs.Run})
-	accounts, engine, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, logger, blobs)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	// One client for every URL a user influences, so one guard and one
+	// allow list (--proxy-allow-private) cover them all. Its timeout also
+	// bounds the wait for response headers in its transport, which the
+	// proxy shares: at least --proxy-header-timeout.
+	opts.Outbound = outbound.New(outbound.Config{
+		AllowCIDRs: cfg.ProxyAllowPrivate,
+		Timeout:    max(outbound.DefaultTimeout, cfg.ProxyHeaderTimeout),
+		Logger:     logger,
+	})
+	opts.Keys = keys
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}
