@@ -132,6 +132,29 @@ type Config struct {
 	// AppViewDID is the service DID of AppViewURL (the `aud` of service
 	// auth tokens sent to it).
 	AppViewDID string
+	// ModServiceURL is the moderation service tools.ozone.* methods are
+	// proxied to (empty: none).
+	ModServiceURL string
+	// ModServiceDID is the service DID of ModServiceURL.
+	ModServiceDID string
+	// ReportServiceURL is where com.atproto.moderation.createReport goes
+	// without an atproto-proxy header (empty: none).
+	ReportServiceURL string
+	// ReportServiceDID is the service DID of ReportServiceURL.
+	ReportServiceDID string
+	// ProxyHeaderTimeout bounds the wait for a proxied service's response
+	// headers once the request is sent.
+	ProxyHeaderTimeout time.Duration
+	// ProxyBodyTimeout bounds each wait for more of a proxied service's
+	// response body.
+	ProxyBodyTimeout time.Duration
+	// ProxyMaxResponse bounds a proxied service's response body, in bytes.
+	ProxyMaxResponse int64
+	// ProxyAllowPrivate are networks outbound requests (service proxying,
+	// handle and did:web resolution) may reach although they are not
+	// public, over http or https: a private deployment's app view, local
+	// development. Empty: public unicast addresses only, https only.
+	ProxyAllowPrivate []netip.Prefix
 	// FirehoseRate is how many subscribeRepos connections one client may
 	// open, refilled continuously (token bucket).
 	FirehoseRate Rate
@@ -253,6 +276,13 @@ func DefaultConfig() *Config {
 		DataDir:                DefaultDataDir,
 		AppViewURL:             DefaultAppViewURL,
 		AppViewDID:             DefaultAppViewDID,
+		ModServiceURL:          DefaultModServiceURL,
+		ModServiceDID:          DefaultModServiceDID,
+		ReportServiceURL:       DefaultReportServiceURL,
+		ReportServiceDID:       DefaultReportServiceDID,
+		ProxyHeaderTimeout:     DefaultProxyHeaderTimeout,
+		ProxyBodyTimeout:       DefaultProxyBodyTimeout,
+		ProxyMaxResponse:       DefaultProxyMaxResponse,
 		FirehoseRate:           DefaultFirehoseRate,
 		FirehoseBurst:          DefaultFirehoseBurst,
 		FirehoseRetention:      DefaultFirehoseRetention,

@@ -27,6 +27,7 @@ func (c *Config) Validate() error {
 		c.validateIdentity,
 		c.validateBlobDir,
 		c.validateUpstreams,
+		c.validateProxy,
 		c.validateFirehose,
 		c.validateMetrics,
 		c.validateBlobs,

@@ -148,7 +148,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer,
 	})
 	require.NoError(t, err)
-	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs}
+	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs, Keys: keys}
 	if opts.options != nil {
 		opts.options(&o)
 	}

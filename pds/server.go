@@ -46,7 +46,9 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/priority"
+	"github.com/bulwark-pds/bulwark/proxy"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -116,6 +118,14 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// Outbound is the shared client for URLs users influence (service
+	// proxying, handle and did:web resolution), built with
+	// Config.ProxyAllowPrivate. Nil: no service proxying; methods this
+	// server does not serve answer 501.
+	Outbound *outbound.Client
+	// Keys signs the service-auth tokens proxied requests carry (the
+	// account KeyStore). Nil: proxied requests carry no token.
+	Keys proxy.KeySource
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -142,8 +152,10 @@ type Server struct {
 	// afterwards, so it needs no lock.
 	methods map[string]*method
 	// unknownMethod answers /xrpc/ paths with no registered method:
-	// MethodNotImplemented, until the app-view proxy takes it over.
+	// serveProxy when the proxy is on, else MethodNotImplemented.
 	unknownMethod handlerFunc
+	// proxy forwards the methods this server does not serve (nil: off).
+	proxy *proxy.Proxy
 
 	shutdownMu    sync.Mutex
 	shutdownHooks []func()
@@ -208,6 +220,13 @@ func New(opts Options) (*Server, error) {
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
 	s.serviceAuth = newServiceAuthValidator(opts.Config, logger)
 	s.blobs = opts.Blobs
+	p, err := newProxy(opts, logger)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		s.proxy, s.unknownMethod = p, s.serveProxy
+	}
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
 	if opts.Config != nil && opts.Config.ExportRate > 0 {
