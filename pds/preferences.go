@@ -10,14 +10,13 @@ import (
 	"github.com/bluesky-social/indigo/atproto/lexicon"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/proxy"
 )
 
 // app.bsky.actor.getPreferences and putPreferences, served from the
 // account's stored preferences (package account holds the rules). The
 // reference PDS proxies both to the app view named in atproto-proxy when
-// that is not its default one; this server always answers them itself.
-// When the service proxy lands, its atproto-proxy check belongs at the top
-// of these two handlers.
+// that is not its default one, and so does this server (preferencesElsewhere).
 
 // MaxPreferencesBody bounds a putPreferences request. The Bluesky app's
 // preferences are a few KiB; muted words and saved feeds grow them, not by
@@ -86,10 +85,26 @@ func preferencesJSON(prefs []account.Preference) preferencesOutput {
 	return out
 }
 
+// preferencesElsewhere reports that r's atproto-proxy header names a
+// service other than the configured app view: preferences kept by another
+// app view are that app view's to answer. A malformed header is the
+// proxy's to refuse.
+func (s *Server) preferencesElsewhere(r *http.Request) bool {
+	h := r.Header.Get("Atproto-Proxy")
+	if h == "" || s.proxy == nil {
+		return false
+	}
+	did, service, err := proxy.ParseHeader(h)
+	return err != nil || did.String() != s.cfg.AppViewDID || service != "bsky_appview"
+}
+
 // handleGetPreferences answers for the session's account; a deactivated
 // one too (a move copies preferences to the new, still deactivated
 // account and reads them from the old one).
 func (s *Server) handleGetPreferences(w http.ResponseWriter, r *http.Request) error {
+	if s.preferencesElsewhere(r) {
+		return s.serveProxy(w, r)
+	}
 	a, err := s.requireAuth(r, allowDeactivated())
 	if err != nil {
 		return err
@@ -102,6 +117,9 @@ func (s *Server) handleGetPreferences(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Server) handlePutPreferences(w http.ResponseWriter, r *http.Request) error {
+	if s.preferencesElsewhere(r) {
+		return s.serveProxy(w, r)
+	}
 	a, err := s.requireAuth(r, allowDeactivated())
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package pds
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/url"
 	"testing"
@@ -57,12 +58,21 @@ func TestProxyAppViewReads(t *testing.T) {
 	require.Empty(t, head.body)
 	require.Equal(t, "application/json; charset=utf-8", head.header.Get("Content-Type"))
 
-	// A POST goes through with its body.
-	e.do(t, http.MethodPost, "app.bsky.actor.putPreferences", u.access,
-		jsonBody(t, map[string]any{"preferences": []any{map[string]any{"$type": "app.bsky.actor.defs#adultContentPref", "enabled": false}}}), nil, nil).ok(t)
-	prefs := e.call(t, "app.bsky.actor.getPreferences", u.access, "", nil).ok(t)
+	// Preferences are this server's, also when the header names the
+	// configured app view: nothing goes upstream.
+	prefsBody := func() io.Reader {
+		return jsonBody(t, map[string]any{"preferences": []any{map[string]any{"$type": "app.bsky.actor.defs#adultContentPref", "enabled": false}}})
+	}
+	e.do(t, http.MethodPost, "app.bsky.actor.putPreferences", u.access, prefsBody(), nil, nil).ok(t)
+	prefs := e.call(t, "app.bsky.actor.getPreferences", u.access, av.DID.String()+"#bsky_appview", nil).ok(t)
 	require.Len(t, prefs.json(t)["preferences"], 1)
-	e.requireOneVerified(t, fakeservices.AppViewName, "app.bsky.actor.putPreferences", u.did, av.DID, "app.bsky.actor.putPreferences")
+	require.Empty(t, e.calls("app.bsky.actor.putPreferences"))
+	require.Empty(t, e.calls("app.bsky.actor.getPreferences"))
+
+	// A header naming another service sends them there, POST body and all.
+	other := http.Header{"Atproto-Proxy": {e.fakes.Chat.DID.String() + "#bsky_chat"}}
+	e.do(t, http.MethodPost, "app.bsky.actor.putPreferences", u.access, prefsBody(), nil, other)
+	e.requireOneVerified(t, fakeservices.ChatName, "app.bsky.actor.putPreferences", u.did, e.fakes.Chat.DID, "app.bsky.actor.putPreferences")
 }
 
 // Chat is reached only through the atproto-proxy header, whose DID is
