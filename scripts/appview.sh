@@ -10,8 +10,9 @@
 # Bulwark answers); `bulwark serve` with BULWARK_APPVIEW_URL and
 # BULWARK_APPVIEW_DID naming it.
 #
-# APPVIEW_VIA_PDS=1 also reads the profile, the author feed and the timeline
-# through Bulwark (app.bsky.* proxied to the app view with service auth).
+# Then it reads the profile, the author feed and the timeline through
+# Bulwark (app.bsky.* proxied to the app view with service auth), as the
+# Bluesky app does; APPVIEW_VIA_PDS=0 checks only the app view itself.
 #
 # Needs npm (and node 22+ off linux-x64) and PostgreSQL's initdb and pg_ctl
 # (PG_BIN, PATH or /usr/lib/postgresql/*/bin); under root the app view's
@@ -159,7 +160,7 @@ wait_for "bulwark serve" "$pds_pid" 60 curl -fsS "http://localhost:$PDS_PORT/xrp
 echo "appview.sh: bulwark up at $(ms) ms"
 
 args=("http://localhost:$PDS_PORT" "$appview_url" "$appview_did")
-[ "${APPVIEW_VIA_PDS:-}" = 1 ] && args+=(--via-pds)
+[ "${APPVIEW_VIA_PDS:-1}" = 1 ] && args+=(--via-pds)
 t_check=$(ms)
 (cd "$work/node" && "$node_bin" check.mjs "${args[@]}")
 echo "appview.sh: check took $(($(ms) - t_check)) ms; peak memory: app view $(peak_rss "$av_pid"), bulwark $(peak_rss "$pds_pid")"
