@@ -1,0 +1,385 @@
+package repo
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/ipfs/go-cid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/limits"
+)
+
+//go:embed import.sql
+var importSQL string
+
+var importQueries = db.MustParseQueries(importSQL)
+
+var (
+	qImportCreate = []string{
+		importQueries.MustGet("ImportSettings"),
+		importQueries.MustGet("ImportCreateBlocks"),
+		importQueries.MustGet("ImportCreateNodes"),
+		importQueries.MustGet("ImportCreateEntries"),
+	}
+	qImportIndexBlocks   = importQueries.MustGet("ImportIndexBlocks")
+	qImportAnalyzeBlocks = importQueries.MustGet("ImportAnalyzeBlocks")
+	qImportAnalyzeTree   = importQueries.MustGet("ImportAnalyzeTree")
+	qImportNodeBatch     = importQueries.MustGet("ImportNodeBatch")
+	qImportAddNodes      = importQueries.MustGet("ImportAddNodes")
+	qImportAddEntries    = importQueries.MustGet("ImportAddEntries")
+	qImportRecordPage    = importQueries.MustGet("ImportRecordPage")
+	qImportDeleteRecords = importQueries.MustGet("ImportDeleteRecords")
+	qImportDeleteNodes   = importQueries.MustGet("ImportDeleteNodes")
+	qImportInsertNodes   = importQueries.MustGet("ImportInsertNodes")
+	qImportInsertRecords = importQueries.MustGet("ImportInsertRecords")
+	qImportSetRoot       = importQueries.MustGet("ImportSetRoot")
+)
+
+// DefaultMaxImportBytes is the largest CAR Import accepts by default: 1 GiB.
+const DefaultMaxImportBytes = 1 << 30
+
+// Import errors. Handlers map them to XRPC errors with errors.Is.
+var (
+	// ErrInvalidImport means the CAR is not a valid repository of the
+	// account: malformed or truncated, a block whose bytes do not match
+	// its CID, not exactly one root, a commit for another DID, a broken
+	// MST, a missing block, a record that is not atproto data. The
+	// message says which, naming the block or record.
+	ErrInvalidImport = errors.New("invalid repository import")
+	// ErrImportTooLarge is wrapped by every *ImportTooLargeError.
+	ErrImportTooLarge = errors.New("repository import too large")
+	// ErrImportRead means the CAR could not be read to its end (the client
+	// went away or stalled). The read error is wrapped too.
+	ErrImportRead = errors.New("reading the repository import failed")
+)
+
+// ImportTooLargeError reports a CAR over the import size limit. It is
+// returned as soon as the stream passes the limit; nothing is stored.
+type ImportTooLargeError struct {
+	Max int64
+}
+
+func (e *ImportTooLargeError) Error() string {
+	return fmt.Sprintf("the repository CAR is larger than the import limit of %s bytes", commas(int(e.Max)))
+}
+
+// Unwrap makes errors.Is(err, ErrImportTooLarge) true.
+func (e *ImportTooLargeError) Unwrap() error { return ErrImportTooLarge }
+
+// OversizeRecord is an imported record over the protocol's per-record
+// limits (limits.MaxRecordBlockBytes).
+type OversizeRecord struct {
+	Path string
+	Size int
+}
+
+// maxListedOversize bounds the oversize records an error or a result
+// names; the rest are counted.
+const maxListedOversize = 20
+
+// OversizeRecordsError refuses a repository holding records over the
+// per-record limits: relays drop such records, so they are imported only
+// when ImportOptions.AllowOversize says so.
+type OversizeRecordsError struct {
+	// Records lists the first of them (up to 20), in path order.
+	Records []OversizeRecord
+	// Total is how many there are.
+	Total int
+}
+
+func (e *OversizeRecordsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the repository holds %d record(s) over the limit of %s bytes per record block: ", e.Total, commas(limits.MaxRecordBlockBytes))
+	for i, r := range e.Records {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (%s bytes)", r.Path, commas(r.Size))
+	}
+	if more := e.Total - len(e.Records); more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
+	}
+	b.WriteString("; the server's operator can allow importing them")
+	return b.String()
+}
+
+// Unwrap makes errors.Is(err, ErrLimitExceeded) true.
+func (e *OversizeRecordsError) Unwrap() error { return ErrLimitExceeded }
+
+// ImportOptions tunes one Import. The zero value works.
+type ImportOptions struct {
+	// MaxBytes is the largest CAR accepted (default DefaultMaxImportBytes).
+	MaxBytes int64
+	// AllowOversize imports records over the per-record limits instead of
+	// refusing the repository. They are stored, and served by reads and
+	// getRepo, but never go out in a #commit: the import itself is
+	// announced as #sync, and a later commit can only replace or delete
+	// them.
+	AllowOversize bool
+}
+
+// ImportResult reports a stored import.
+type ImportResult struct {
+	// Commit and Rev are the new commit, signed with the account's key.
+	Commit cid.Cid
+	Rev    string
+	// Data is the MST root, the imported one.
+	Data cid.Cid
+	// Blocks and Bytes are what the CAR held; Records and Nodes what was
+	// kept (blocks nothing refers to are dropped).
+	Blocks, Bytes  int64
+	Records, Nodes int64
+	// BlobRefs counts the records' blob references recorded.
+	BlobRefs int64
+	// Oversize lists records over the per-record limits that were stored
+	// (AllowOversize), up to 20; OversizeTotal counts them all.
+	Oversize      []OversizeRecord
+	OversizeTotal int
+	// Elapsed is how long the import took.
+	Elapsed time.Duration
+}
+
+// BlobRef is one blob an imported record refers to.
+type BlobRef struct {
+	// Path is the record's collection/rkey.
+	Path string
+	// CID is the blob's CID, as text.
+	CID string
+}
+
+// BlobImporter is what Import needs from the engine's BlobTracker (when it
+// has one) to record an imported repository's blob references. Import
+// calls DropRefsTx, then AddRefsTx with every reference in batches, then
+// SettleRefsTx, all in its transaction under the repo's lock.
+type BlobImporter interface {
+	// DropRefsTx forgets every blob reference of did's records: the
+	// repository is being replaced.
+	DropRefsTx(ctx context.Context, tx db.DBTX, did syntax.DID) error
+	// AddRefsTx records references, which may name blobs did has not
+	// uploaded (they are then missing until uploaded).
+	AddRefsTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev string, refs []BlobRef) error
+	// SettleRefsTx makes did's blobs that records now refer to permanent,
+	// and starts the expiry of those no record refers to any more.
+	SettleRefsTx(ctx context.Context, tx db.DBTX, did syntax.DID) error
+}
+
+// Import replaces did's repository with the one in the CAR r streams (as
+// sync.getRepo writes it, from this or another server): every block's CID
+// is checked against its bytes, the root commit must be did's (its
+// signature is the old server's and is not checked), the MST is walked
+// from the commit's data root and checked node by node, and every record
+// is checked against the data model and the per-record limits. The tree is
+// then committed under a new rev signed with did's key, with a #sync
+// event, in one transaction that also replaces the records' blob
+// references (through the engine's BlobTracker, if it is a BlobImporter).
+// Nothing is stored if any check fails.
+//
+// Memory does not grow with the CAR: blocks are copied into a temporary
+// table of the import's transaction as they arrive, and the tree and the
+// records are read back in bounded batches. The repo's row lock is taken
+// only once the CAR is staged and its tree checked.
+func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts ImportOptions) (*ImportResult, error) {
+	start := time.Now()
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultMaxImportBytes
+	}
+	key, err := e.keys.SigningKey(ctx, did)
+	if err != nil {
+		return nil, err
+	}
+	cr := newCARReader(r, opts.MaxBytes)
+	root, err := cr.readHeader()
+	if err != nil {
+		return nil, err
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("starting import: %w", db.Translate(err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	imp := &importer{e: e, tx: tx, did: did, opts: opts, res: &ImportResult{}}
+	commit, err := imp.stage(ctx, cr, root)
+	if err != nil {
+		return nil, err
+	}
+	if err := imp.walk(ctx, commit.Data); err != nil {
+		return nil, err
+	}
+	leave, err := e.enter(ctx, did.String())
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
+	if err := imp.store(ctx, commit, key); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("committing import: %w", db.Translate(err))
+	}
+	e.cache.drop(did.String())
+	if e.waker != nil {
+		e.waker.Wake()
+	}
+	imp.res.Elapsed = time.Since(start)
+	e.log.Info("repository imported", "did", did, "rev", imp.res.Rev, "records", imp.res.Records,
+		"blocks", imp.res.Blocks, "bytes", imp.res.Bytes, "blob_refs", imp.res.BlobRefs,
+		"oversize", imp.res.OversizeTotal, "elapsed", imp.res.Elapsed)
+	return imp.res, nil
+}
+
+// importer is one Import in progress, inside its transaction.
+type importer struct {
+	e    *Engine
+	tx   pgx.Tx
+	did  syntax.DID
+	opts ImportOptions
+	res  *ImportResult
+}
+
+// stage copies the CAR's blocks into import_blocks, checking each, and
+// returns the root commit, checked against the account.
+func (imp *importer) stage(ctx context.Context, cr *carReader, root cid.Cid) (*atrepo.Commit, error) {
+	b := &pgx.Batch{}
+	for _, q := range qImportCreate {
+		b.Queue(q)
+	}
+	if err := imp.tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("creating import staging: %w", db.Translate(err))
+	}
+	src := &copySource{cr: cr, root: root}
+	_, err := imp.tx.CopyFrom(ctx, pgx.Identifier{"import_blocks"}, []string{"cid", "data"}, src)
+	if src.err != nil {
+		// The reader's own error (a bad block, the size limit), not the
+		// COPY failure it caused.
+		return nil, src.err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("staging import blocks: %w", db.Translate(err))
+	}
+	imp.res.Blocks, imp.res.Bytes = cr.blocks, cr.n.n
+	for _, q := range []string{qImportIndexBlocks, qImportAnalyzeBlocks} {
+		if _, err := imp.tx.Exec(ctx, q); err != nil {
+			return nil, fmt.Errorf("indexing import blocks: %w", db.Translate(err))
+		}
+	}
+	if src.commit == nil {
+		return nil, fmt.Errorf("%w: the CAR does not hold its root block %s", ErrInvalidImport, root)
+	}
+	return imp.checkCommit(src.commit, root)
+}
+
+// checkCommit parses the root commit and checks that it is a well-formed
+// commit of the importing account. Its signature is the old server's and
+// is not checked: the caller has proved they own the account, and the
+// tree is signed anew.
+func (imp *importer) checkCommit(block []byte, root cid.Cid) (*atrepo.Commit, error) {
+	var c atrepo.Commit
+	if err := c.UnmarshalCBOR(bytes.NewReader(block)); err != nil {
+		return nil, fmt.Errorf("%w: root block %s is not a repository commit: %v", ErrInvalidImport, root, err)
+	}
+	if err := c.VerifyStructure(); err != nil {
+		return nil, fmt.Errorf("%w: root commit %s: %v", ErrInvalidImport, root, err)
+	}
+	if c.DID != imp.did.String() {
+		return nil, fmt.Errorf("%w: the CAR's commit is for %s, not for this account (%s)", ErrInvalidImport, c.DID, imp.did)
+	}
+	if !c.Data.Defined() {
+		return nil, fmt.Errorf("%w: root commit %s has no data root", ErrInvalidImport, root)
+	}
+	return &c, nil
+}
+
+// store replaces the account's repository with the staged one, under the
+// repo's row lock: records (checked on the way), nodes, blob references,
+// the new signed root and its #sync event. The rev is a TID after both the
+// imported commit's and the repository's current one, so revs keep
+// increasing for consumers of either.
+func (imp *importer) store(ctx context.Context, commit *atrepo.Commit, key atcrypto.PrivateKey) error {
+	tx, did := imp.tx, imp.did.String()
+	var oldRev string
+	err := db.Translate(tx.QueryRow(ctx, qLockRoot, did).Scan(new([]byte), new([]byte), &oldRev))
+	if errors.Is(err, db.ErrNotFound) {
+		return fmt.Errorf("%w: %s", ErrRepoNotFound, did)
+	}
+	if err != nil {
+		return fmt.Errorf("locking repo root: %w", err)
+	}
+	rev := imp.e.nextRev(max(oldRev, commit.Rev))
+	if _, err := tx.Exec(ctx, qImportAnalyzeTree); err != nil {
+		return fmt.Errorf("analysing import: %w", db.Translate(err))
+	}
+	blobs, err := imp.blobImporter()
+	if err != nil {
+		return err
+	}
+	if blobs != nil {
+		if err := blobs.DropRefsTx(ctx, tx, imp.did); err != nil {
+			return err
+		}
+	}
+	if err := imp.checkRecords(ctx, blobs, rev); err != nil {
+		return err
+	}
+	for _, q := range []string{qImportDeleteRecords, qImportDeleteNodes} {
+		if _, err := tx.Exec(ctx, q, did); err != nil {
+			return fmt.Errorf("clearing the old repository: %w", db.Translate(err))
+		}
+	}
+	tag, err := tx.Exec(ctx, qImportInsertNodes, did, rev)
+	if err != nil {
+		return fmt.Errorf("storing imported MST: %w", db.Translate(err))
+	}
+	imp.res.Nodes = tag.RowsAffected()
+	if tag, err = tx.Exec(ctx, qImportInsertRecords, did, rev); err != nil {
+		return fmt.Errorf("storing imported records: %w", db.Translate(err))
+	}
+	imp.res.Records = tag.RowsAffected()
+	if blobs != nil {
+		if err := blobs.SettleRefsTx(ctx, tx, imp.did); err != nil {
+			return err
+		}
+	}
+	commitCID, commitBytes, err := signCommit(imp.did, commit.Data, rev, key)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, qImportSetRoot, did, commitCID.Bytes(), commitBytes, commit.Data.Bytes(), rev); err != nil {
+		return fmt.Errorf("storing imported root: %w", db.Translate(err))
+	}
+	ev, err := SyncEvent(ctx, tx, imp.did)
+	if err != nil {
+		return err
+	}
+	if err := eventlog.Append(ctx, tx, ev); err != nil {
+		return err
+	}
+	imp.res.Commit, imp.res.Rev, imp.res.Data = commitCID, rev, commit.Data
+	return nil
+}
+
+// blobImporter is the engine's blob tracker as a BlobImporter: nil when
+// the engine tracks no blobs, an error when its tracker cannot take an
+// import (the references would be lost).
+func (imp *importer) blobImporter() (BlobImporter, error) {
+	if imp.e.blobs == nil {
+		return nil, nil
+	}
+	bi, ok := imp.e.blobs.(BlobImporter)
+	if !ok {
+		return nil, fmt.Errorf("the engine's blob tracker (%T) cannot record an import's blob references", imp.e.blobs)
+	}
+	return bi, nil
+}
