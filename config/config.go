@@ -48,6 +48,11 @@ const (
 	// client from making the server parse an arbitrarily large document.
 	DefaultMaxJSONBody = 2 * 1024 * 1024
 
+	// DefaultMaxImportSize is the largest repository CAR importRepo
+	// accepts: 1 GiB, far beyond any repository the reference PDS lets a
+	// user build, and streamed to the database, not held in memory.
+	DefaultMaxImportSize = 1 << 30
+
 	// MinJWTSecretLen is the shortest session-token key accepted: an HS256
 	// key should carry at least as many bytes as the hash output.
 	MinJWTSecretLen = 32
@@ -183,6 +188,13 @@ type Config struct {
 	RateLimitMaxKeys int
 	// MaxJSONBody is the largest JSON procedure body accepted, in bytes.
 	MaxJSONBody int64
+	// MaxImportSize is the largest repository CAR importRepo accepts, in
+	// bytes; a larger one is refused (413) while it streams in.
+	MaxImportSize int64
+	// ImportAllowOversize lets importRepo store records over the
+	// per-record limits (relays drop them) instead of refusing the
+	// repository. They never go out in a #commit.
+	ImportAllowOversize bool
 	// InviteRequired makes createAccount require an invite code.
 	InviteRequired bool
 	// ContactEmail is published in describeServer.
@@ -222,6 +234,7 @@ func DefaultConfig() *Config {
 		FirehoseMaxPerClient:   DefaultFirehoseMaxPerClient,
 		FirehoseOversizeSync:   true,
 		MaxJSONBody:            DefaultMaxJSONBody,
+		MaxImportSize:          DefaultMaxImportSize,
 		InflightQueue:          DefaultInflightQueue,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RefusalCoolOff:         DefaultRefusalCoolOff,

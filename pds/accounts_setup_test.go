@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/eventlog"
@@ -44,6 +45,7 @@ type accountEnv struct {
 	plcURL   string
 	accounts *account.Service
 	engine   *repo.Engine
+	blobs    *blob.Service // nil unless envOptions.blobs
 	jwt      []byte
 	// server is the running Server (its method table, for sweeps).
 	server *Server
@@ -61,6 +63,9 @@ type envOptions struct {
 	options func(*Options)
 	// cleaners are passed to account.Config.Cleaners.
 	cleaners []account.Cleaner
+	// blobs gives the server a blob service on disk, which the engine
+	// tracks blob references with.
+	blobs bool
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -109,7 +114,16 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		t.Cleanup(func() { cancel(); <-done })
 		waker = seq
 	}
-	engine := repo.New(pool, keys, waker, repo.Config{Logger: logger})
+	var blobs *blob.Service
+	repoCfg := repo.Config{Logger: logger}
+	if opts.blobs {
+		store, err := blob.NewDiskStore(cfg.BlobDir)
+		require.NoError(t, err)
+		blobs = blob.New(pool, store, blob.Config{MaxBytes: cfg.BlobMaxBytes, TempTTL: cfg.BlobTempTTL, Logger: logger})
+		repoCfg.Blobs = blobs
+		opts.cleaners = append(opts.cleaners, blobs)
+	}
+	engine := repo.New(pool, keys, waker, repoCfg)
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
 	accts, err := account.New(account.Config{
@@ -119,7 +133,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners,
 	})
 	require.NoError(t, err)
-	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}
+	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs}
 	if opts.options != nil {
 		opts.options(&o)
 	}
@@ -132,7 +146,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	t.Cleanup(ts.Close)
 	return &accountEnv{
 		url: ts.URL, cfg: cfg, pool: pool, plc: dir, plcURL: plcSrv.URL,
-		accounts: accts, engine: engine, jwt: []byte(cfg.JWTSecret), server: s,
+		accounts: accts, engine: engine, blobs: blobs, jwt: []byte(cfg.JWTSecret), server: s,
 	}
 }
 

@@ -238,6 +238,7 @@ func (s *Server) routes() {
 	s.registerSessionRoutes()
 	s.registerIdentityRoutes()
 	s.registerRepoRoutes()
+	s.registerImportRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
 	// Writes first: background streams pause while these are in flight.

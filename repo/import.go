@@ -128,6 +128,10 @@ type ImportOptions struct {
 	// announced as #sync, and a later commit can only replace or delete
 	// them.
 	AllowOversize bool
+	// InTx, when set, runs inside the import's transaction once the new
+	// repository is written, before it commits (an admin's audit entry);
+	// an error rolls the import back.
+	InTx func(ctx context.Context, tx db.DBTX, res *ImportResult) error
 }
 
 // ImportResult reports a stored import.
@@ -225,6 +229,11 @@ func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts I
 	defer leave()
 	if err := imp.store(ctx, commit, key); err != nil {
 		return nil, err
+	}
+	if opts.InTx != nil {
+		if err := opts.InTx(ctx, tx, imp.res); err != nil {
+			return nil, err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing import: %w", db.Translate(err))

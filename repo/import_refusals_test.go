@@ -12,30 +12,12 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
 	cbor "github.com/ipfs/go-ipld-cbor"
-	"github.com/ipld/go-car"
 	"github.com/multiformats/go-multihash"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/bulwark-pds/bulwark/repo/repotest"
 )
-
-// carBlocks splits a CAR into its roots and blocks.
-func carBlocks(t testing.TB, data []byte) ([]cid.Cid, []repotest.Block) {
-	t.Helper()
-	cr, err := car.NewCarReader(bytes.NewReader(data))
-	require.NoError(t, err)
-	var out []repotest.Block
-	for {
-		b, err := cr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		require.NoError(t, err)
-		out = append(out, repotest.Block{CID: b.Cid(), Data: b.RawData()})
-	}
-	return cr.Header.Roots, out
-}
 
 func writeCAR(t testing.TB, roots []cid.Cid, blocks ...repotest.Block) []byte {
 	t.Helper()
@@ -62,7 +44,7 @@ func badCARs(t testing.TB, e *importEnv) map[string]struct {
 	ctx := context.Background()
 	_ = ctx
 	good := repotest.RepoCAR(t, e.did, e.oldKey, oldRev, samplePosts(50))
-	roots, blocks := carBlocks(t, good)
+	roots, blocks := repotest.SplitCAR(t, good)
 	commit := blocks[0]
 	// blocks: commit, MST nodes, then records (WriteRepoCAR's order).
 	last := blocks[len(blocks)-1]

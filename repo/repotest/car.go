@@ -3,6 +3,7 @@ package repotest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -48,6 +49,50 @@ func WriteCAR(w io.Writer, roots []cid.Cid, blks ...Block) error {
 		}
 	}
 	return nil
+}
+
+// SplitCAR returns a CAR's roots and blocks, in order.
+func SplitCAR(t testing.TB, data []byte) ([]cid.Cid, []Block) {
+	t.Helper()
+	cr, err := car.NewCarReader(bytes.NewReader(data))
+	require.NoError(t, err)
+	var out []Block
+	for {
+		b, err := cr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		out = append(out, Block{CID: b.Cid(), Data: b.RawData()})
+	}
+	return cr.Header.Roots, out
+}
+
+// Recommit returns a repository CAR (one root, its commit) with the same
+// tree and records under a new commit for did, signed with key at rev: the
+// same repository as another account's export would hold it on another
+// server.
+func Recommit(t testing.TB, data []byte, did syntax.DID, key atcrypto.PrivateKey, rev string) []byte {
+	t.Helper()
+	roots, blks := SplitCAR(t, data)
+	require.Len(t, roots, 1)
+	out := make([]Block, 0, len(blks))
+	var commit Block
+	for _, b := range blks {
+		if !b.CID.Equals(roots[0]) {
+			out = append(out, b)
+			continue
+		}
+		var c atrepo.Commit
+		require.NoError(t, c.UnmarshalCBOR(bytes.NewReader(b.Data)))
+		var err error
+		commit, err = Commit(did, c.Data, rev, key)
+		require.NoError(t, err)
+	}
+	require.True(t, commit.CID.Defined(), "the CAR holds its commit")
+	var buf bytes.Buffer
+	require.NoError(t, WriteCAR(&buf, []cid.Cid{commit.CID}, append([]Block{commit}, out...)...))
+	return buf.Bytes()
 }
 
 // Commit returns did's commit of the tree rooted at data, signed with key,
