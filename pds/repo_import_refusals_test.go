@@ -194,3 +194,39 @@ func TestImportGate(t *testing.T) {
 	<-entered
 	require.NoError(t, <-done, "a slot is free again")
 }
+
+// TestAdminImportRepo: the admin variant needs admin credentials and an
+// account with a repository, and records the import in the audit log.
+func TestAdminImportRepo(t *testing.T) {
+	t.Parallel()
+	e := newAccountEnv(t, envOptions{blobs: true})
+	bob := e.createUser(t)
+	oldKey, err := atcrypto.GeneratePrivateKeyK256()
+	require.NoError(t, err)
+	car := repotest.RepoCAR(t, bob.did, oldKey, importOldRev, importPosts(3))
+	adminImport := func(did, password string) xrpcResult {
+		req, err := http.NewRequest(http.MethodPost, e.url+"/xrpc/"+AdminNSIDPrefix+"importRepo?did="+did+"&reason=restore", bytes.NewReader(car))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", carContentType)
+		if password != "" {
+			req.SetBasicAuth(AdminUser, password)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return xrpcResult{status: resp.StatusCode, body: body}
+	}
+	before := importState(t, e)
+	adminImport(bob.did.String(), "").fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+	adminImport(bob.did.String(), "wrong").fails(t, http.StatusUnauthorized, "AuthenticationRequired")
+	adminImport("did:plc:nobodyhere", testAdminPassword).fails(t, http.StatusBadRequest, "NotFound")
+	require.Equal(t, before, importState(t, e))
+	audits := auditCount(t, e.pool)
+
+	res := adminImport(bob.did.String(), testAdminPassword).ok(t).json(t)
+	require.EqualValues(t, 3, res["records"])
+	require.Equal(t, bob.did.String(), res["did"])
+	require.Equal(t, audits+1, auditCount(t, e.pool))
+}

@@ -63,6 +63,8 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = c.firehose(ctx, rest[1:], stdout)
 	case "audit":
 		err = c.audit(ctx, rest[1:], stdout)
+	case "account":
+		err = c.accountCommand(ctx, rest[1:], stdout)
 	default:
 		err = usageError(fmt.Sprintf("unknown admin command %q", rest[0]))
 	}
@@ -96,6 +98,11 @@ and recorded in the audit log):
   firehose repair-oversized [--reason TEXT]
   firehose consumers
   audit [--subject S] [--limit N]
+
+Accounts:
+  account export <did|handle> <dir>            repository CAR, blobs and a manifest
+  account import [--reason TEXT] <did|handle> <car>
+                                               replace the repository with a CAR
 
 The password defaults to the one generated in <data-dir>/secrets.
 `)
