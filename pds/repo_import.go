@@ -73,7 +73,8 @@ func (s *Server) importOptions() repo.ImportOptions {
 // importBody is the request body as Import reads it: with the read
 // deadline pushed forward before each read (the method is long-running,
 // so the server's whole-request timeout is off), so a client that stalls
-// is dropped.
+// is dropped. Once the body ends, net/http clears the deadline itself
+// (its background read), so the writes that follow run unhurried.
 func importBody(w http.ResponseWriter, r *http.Request) *idleReader {
 	return &idleReader{r: r.Body, rc: http.NewResponseController(w)}
 }

@@ -1,7 +1,6 @@
 package repo
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/eventlog"
@@ -27,12 +27,14 @@ var importSQL string
 var importQueries = db.MustParseQueries(importSQL)
 
 var (
-	qImportCreate = []string{
-		importQueries.MustGet("ImportSettings"),
+	qImportDropStaging = importQueries.MustGet("ImportDropStaging")
+	qImportCreate      = []string{
+		qImportDropStaging,
 		importQueries.MustGet("ImportCreateBlocks"),
 		importQueries.MustGet("ImportCreateNodes"),
 		importQueries.MustGet("ImportCreateEntries"),
 	}
+	qImportSettings      = importQueries.MustGet("ImportSettings")
 	qImportIndexBlocks   = importQueries.MustGet("ImportIndexBlocks")
 	qImportAnalyzeBlocks = importQueries.MustGet("ImportAnalyzeBlocks")
 	qImportAnalyzeTree   = importQueries.MustGet("ImportAnalyzeTree")
@@ -190,10 +192,12 @@ type BlobImporter interface {
 // references (through the engine's BlobTracker, if it is a BlobImporter).
 // Nothing is stored if any check fails.
 //
-// Memory does not grow with the CAR: blocks are copied into a temporary
-// table of the import's transaction as they arrive, and the tree and the
-// records are read back in bounded batches. The repo's row lock is taken
-// only once the CAR is staged and its tree checked.
+// Memory does not grow with the CAR: blocks are copied into temporary
+// tables of the import's database session as they arrive, a few MiB at a
+// time, and the tree and the records are read back in bounded batches. No
+// transaction is open while the CAR streams in, however slowly it comes;
+// the repo's row lock is taken only once the CAR is staged and its tree
+// checked.
 func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts ImportOptions) (*ImportResult, error) {
 	start := time.Now()
 	if opts.MaxBytes <= 0 {
@@ -208,16 +212,25 @@ func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts I
 	if err != nil {
 		return nil, err
 	}
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("starting import: %w", db.Translate(err))
+	imp := &importer{e: e, did: did, opts: opts, res: &ImportResult{}}
+	if err := imp.open(ctx); err != nil {
+		return nil, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	imp := &importer{e: e, tx: tx, did: did, opts: opts, res: &ImportResult{}}
-	commit, err := imp.stage(ctx, cr, root)
+	defer imp.close(ctx)
+	commitBlock, err := imp.stage(ctx, cr, root)
 	if err != nil {
 		return nil, err
+	}
+	commit, err := imp.checkCommit(commitBlock, root)
+	if err != nil {
+		return nil, err
+	}
+	if imp.tx, err = imp.conn.Begin(ctx); err != nil {
+		return nil, fmt.Errorf("starting import: %w", db.Translate(err))
+	}
+	defer func() { _ = imp.tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := imp.tx.Exec(ctx, qImportSettings); err != nil {
+		return nil, fmt.Errorf("starting import: %w", db.Translate(err))
 	}
 	if err := imp.walk(ctx, commit.Data); err != nil {
 		return nil, err
@@ -231,11 +244,11 @@ func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts I
 		return nil, err
 	}
 	if opts.InTx != nil {
-		if err := opts.InTx(ctx, tx, imp.res); err != nil {
+		if err := opts.InTx(ctx, imp.tx, imp.res); err != nil {
 			return nil, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := imp.tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("committing import: %w", db.Translate(err))
 	}
 	e.cache.drop(did.String())
@@ -249,66 +262,15 @@ func (e *Engine) Import(ctx context.Context, did syntax.DID, r io.Reader, opts I
 	return imp.res, nil
 }
 
-// importer is one Import in progress, inside its transaction.
+// importer is one Import in progress: its own connection (whose session
+// holds the staging tables) and, once the CAR is staged, its transaction.
 type importer struct {
 	e    *Engine
+	conn *pgxpool.Conn
 	tx   pgx.Tx
 	did  syntax.DID
 	opts ImportOptions
 	res  *ImportResult
-}
-
-// stage copies the CAR's blocks into import_blocks, checking each, and
-// returns the root commit, checked against the account.
-func (imp *importer) stage(ctx context.Context, cr *carReader, root cid.Cid) (*atrepo.Commit, error) {
-	b := &pgx.Batch{}
-	for _, q := range qImportCreate {
-		b.Queue(q)
-	}
-	if err := imp.tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("creating import staging: %w", db.Translate(err))
-	}
-	src := &copySource{cr: cr, root: root}
-	_, err := imp.tx.CopyFrom(ctx, pgx.Identifier{"import_blocks"}, []string{"cid", "data"}, src)
-	if src.err != nil {
-		// The reader's own error (a bad block, the size limit), not the
-		// COPY failure it caused.
-		return nil, src.err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("staging import blocks: %w", db.Translate(err))
-	}
-	imp.res.Blocks, imp.res.Bytes = cr.blocks, cr.n.n
-	for _, q := range []string{qImportIndexBlocks, qImportAnalyzeBlocks} {
-		if _, err := imp.tx.Exec(ctx, q); err != nil {
-			return nil, fmt.Errorf("indexing import blocks: %w", db.Translate(err))
-		}
-	}
-	if src.commit == nil {
-		return nil, fmt.Errorf("%w: the CAR does not hold its root block %s", ErrInvalidImport, root)
-	}
-	return imp.checkCommit(src.commit, root)
-}
-
-// checkCommit parses the root commit and checks that it is a well-formed
-// commit of the importing account. Its signature is the old server's and
-// is not checked: the caller has proved they own the account, and the
-// tree is signed anew.
-func (imp *importer) checkCommit(block []byte, root cid.Cid) (*atrepo.Commit, error) {
-	var c atrepo.Commit
-	if err := c.UnmarshalCBOR(bytes.NewReader(block)); err != nil {
-		return nil, fmt.Errorf("%w: root block %s is not a repository commit: %v", ErrInvalidImport, root, err)
-	}
-	if err := c.VerifyStructure(); err != nil {
-		return nil, fmt.Errorf("%w: root commit %s: %v", ErrInvalidImport, root, err)
-	}
-	if c.DID != imp.did.String() {
-		return nil, fmt.Errorf("%w: the CAR's commit is for %s, not for this account (%s)", ErrInvalidImport, c.DID, imp.did)
-	}
-	if !c.Data.Defined() {
-		return nil, fmt.Errorf("%w: root commit %s has no data root", ErrInvalidImport, root)
-	}
-	return &c, nil
 }
 
 // store replaces the account's repository with the staged one, under the

@@ -1,21 +1,22 @@
--- Repository import (import.go). The CAR is staged in temporary tables of
--- the import's own transaction, dropped at its end whatever happens: a
--- failed import leaves nothing behind, and a crash nothing to sweep.
+-- Repository import (import.go, import_stage.go). The CAR is staged in
+-- temporary tables of the import's own database session, filled while it
+-- streams in and dropped at the end whatever happens (with the session, if
+-- it comes to that): a failed import leaves nothing behind, and a crash
+-- nothing to sweep. Only the final replacement of the repository runs in a
+-- transaction, after the whole CAR has arrived.
 
--- name: ImportSettings
--- The final INSERT ... SELECTs cross the planner's JIT cost thresholds for
--- a large repository, and compiling them costs more than it saves on plans
--- that are index lookups.
-SET LOCAL jit = off;
+-- name: ImportDropStaging
+DROP TABLE IF EXISTS import_blocks, import_nodes, import_entries;
 
 -- name: ImportCreateBlocks
--- Every block of the CAR, as it streams in (COPY). No key while it loads:
--- a CAR may repeat a block, and the index is built once, after the COPY.
-CREATE TEMP TABLE import_blocks (cid bytea NOT NULL, data bytea NOT NULL) ON COMMIT DROP;
+-- Every block of the CAR, copied in chunks as it streams in. No key while
+-- it loads: a CAR may repeat a block, and the index is built once, at the
+-- end.
+CREATE TEMP TABLE import_blocks (cid bytea NOT NULL, data bytea NOT NULL);
 
 -- name: ImportCreateNodes
 -- The MST nodes reached from the commit's data root.
-CREATE TEMP TABLE import_nodes (cid bytea PRIMARY KEY) ON COMMIT DROP;
+CREATE TEMP TABLE import_nodes (cid bytea PRIMARY KEY);
 
 -- name: ImportCreateEntries
 -- The records the tree names, by path.
@@ -24,7 +25,13 @@ CREATE TEMP TABLE import_entries (
     collection text  NOT NULL,
     rkey       text  NOT NULL,
     cid        bytea NOT NULL
-) ON COMMIT DROP;
+);
+
+-- name: ImportSettings
+-- First in the import's transaction. The final INSERT ... SELECTs cross
+-- the planner's JIT cost thresholds for a large repository, and compiling
+-- them costs more than it saves on plans that are index lookups.
+SET LOCAL jit = off;
 
 -- name: ImportIndexBlocks
 CREATE INDEX import_blocks_cid ON import_blocks (cid);

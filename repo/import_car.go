@@ -161,34 +161,3 @@ func (cr *carReader) next() (cid.Cid, []byte, []byte, error) {
 	cr.blocks++
 	return c, sec[:n], data, nil
 }
-
-// copySource feeds the CAR's blocks to COPY (pgx.CopyFromSource) as they
-// arrive, and keeps the root block. pgx encodes each row before asking for
-// the next, so the reader's one buffer is all the memory a block takes.
-type copySource struct {
-	cr        *carReader
-	root      cid.Cid
-	cid, data []byte
-	commit    []byte
-	err       error
-}
-
-func (s *copySource) Next() bool {
-	c, raw, data, err := s.cr.next()
-	if errors.Is(err, io.EOF) {
-		return false
-	}
-	if err != nil {
-		s.err = err
-		return false
-	}
-	if s.commit == nil && c.Equals(s.root) {
-		s.commit = bytes.Clone(data)
-	}
-	s.cid, s.data = raw, data
-	return true
-}
-
-func (s *copySource) Values() ([]any, error) { return []any{s.cid, s.data}, nil }
-
-func (s *copySource) Err() error { return s.err }

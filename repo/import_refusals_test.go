@@ -125,6 +125,7 @@ func TestImportRefusals(t *testing.T) {
 			require.ErrorIs(t, err, repo.ErrInvalidImport)
 			require.Contains(t, err.Error(), c.want)
 			require.Equal(t, before, e.snapshot(t), "nothing stored")
+			require.Zero(t, e.stagingTables(t), "no staging left behind")
 		})
 	}
 }
