@@ -70,6 +70,7 @@ var (
 // ImportTooLargeError reports a CAR over the import size limit. It is
 // returned as soon as the stream passes the limit; nothing is stored.
 type ImportTooLargeError struct {
+	// Max is the limit, in bytes.
 	Max int64
 }
 
@@ -83,7 +84,9 @@ func (e *ImportTooLargeError) Unwrap() error { return ErrImportTooLarge }
 // OversizeRecord is an imported record over the protocol's per-record
 // limits (limits.MaxRecordBlockBytes).
 type OversizeRecord struct {
+	// Path is the record's collection/rkey.
 	Path string
+	// Size is its block's size in bytes.
 	Size int
 }
 

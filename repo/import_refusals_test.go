@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/repo/mst"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -56,6 +57,7 @@ func badCARs(t testing.TB, e *importEnv) map[string]struct {
 	tampered[len(tampered)-1] = repotest.Block{CID: last.CID, Data: data}
 
 	otherDID := repotest.RepoCAR(t, syntax.DID("did:plc:someoneelse"), e.oldKey, oldRev, samplePosts(2))
+	future := repotest.RepoCAR(t, e.did, e.oldKey, syntax.NewTID(time.Now().Add(24*time.Hour).UnixMicro(), 0).String(), samplePosts(2))
 
 	// A root node holding keys of two different heights.
 	k0, k1 := keyAtHeight(0, 0), keyAtHeight(1, 0)
@@ -92,6 +94,7 @@ func badCARs(t testing.TB, e *importEnv) map[string]struct {
 		"truncated":          {good[:len(good)-7], "truncated"},
 		"truncated header":   {good[:10], "truncated"},
 		"commit of another":  {otherDID, "is for did:plc:someoneelse, not for this account"},
+		"rev in the future":  {future, "in the future"},
 		"missing record":     {writeCAR(t, roots, blocks[:len(blocks)-1]...), "lacks the block " + last.CID.String()},
 		"missing node":       {writeCAR(t, roots, append([]repotest.Block{commit}, blocks[2:]...)...), "lacks MST node " + firstNode.CID.String()},
 		"missing commit":     {writeCAR(t, roots, blocks[1:]...), "does not hold its root block"},

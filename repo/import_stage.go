@@ -9,6 +9,7 @@ import (
 	"time"
 
 	atrepo "github.com/bluesky-social/indigo/atproto/repo"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
 	"github.com/jackc/pgx/v5"
 
@@ -25,6 +26,9 @@ const (
 	stageChunkRows = 10_000
 	// stagingCleanup bounds dropping the staging tables at the end.
 	stagingCleanup = 30 * time.Second
+	// maxRevSkew is how far in the future an imported commit's rev may
+	// be dated (clocks differ between servers).
+	maxRevSkew = 5 * time.Minute
 )
 
 // open takes the import's connection and creates its staging tables.
@@ -125,6 +129,12 @@ func (imp *importer) checkCommit(block []byte, root cid.Cid) (*atrepo.Commit, er
 	}
 	if err := c.VerifyStructure(); err != nil {
 		return nil, fmt.Errorf("%w: root commit %s: %v", ErrInvalidImport, root, err)
+	}
+	// A rev is a TID, a time: one in the future would carry every later
+	// rev of the repository there with it, and relays refuse commits
+	// from the future.
+	if rev, _ := syntax.ParseTID(c.Rev); rev.Time().After(time.Now().Add(maxRevSkew)) {
+		return nil, fmt.Errorf("%w: root commit %s has rev %s, dated %s, in the future", ErrInvalidImport, root, c.Rev, rev.Time().UTC().Format(time.RFC3339))
 	}
 	if c.DID != imp.did.String() {
 		return nil, fmt.Errorf("%w: the CAR's commit is for %s, not for this account (%s)", ErrInvalidImport, c.DID, imp.did)
