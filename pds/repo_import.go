@@ -15,8 +15,8 @@ import (
 )
 
 // maxConcurrentImports bounds the repository imports running at once on
-// this process: each holds a Postgres connection (and a transaction) for
-// as long as its CAR takes to arrive and be written.
+// this process: each holds a Postgres connection for as long as its CAR
+// takes to arrive and be written.
 const maxConcurrentImports = 2
 
 // importBusyRetry is the Retry-After of an import refused because others
@@ -30,24 +30,28 @@ func (s *Server) registerImportRoutes() {
 	if s.repo == nil || s.accounts == nil {
 		return
 	}
-	slots := make(chan struct{}, maxConcurrentImports)
-	s.procedure("com.atproto.repo.importRepo", s.importing(slots, s.handleImportRepo),
-		withMaxBody(s.cfg.MaxImportSize), longRunning())
-	s.procedure(AdminNSIDPrefix+"importRepo", s.admin(s.importing(slots, s.handleAdminImportRepo)),
-		withMaxBody(s.cfg.MaxImportSize), longRunning())
+	gate := make(importGate, maxConcurrentImports)
+	s.procedure("com.atproto.repo.importRepo", func(w http.ResponseWriter, r *http.Request) error {
+		return s.handleImportRepo(w, r, gate)
+	}, withMaxBody(s.cfg.MaxImportSize), longRunning())
+	s.procedure(AdminNSIDPrefix+"importRepo", s.admin(func(w http.ResponseWriter, r *http.Request) error {
+		return s.handleAdminImportRepo(w, r, gate)
+	}), withMaxBody(s.cfg.MaxImportSize), longRunning())
 }
 
-// importing runs h with one of slots, or refuses at once (503) when all
-// are taken.
-func (s *Server) importing(slots chan struct{}, h handlerFunc) handlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-			return h(w, r)
-		default:
-			return ServiceOverloaded(importBusyRetry, "%d repository imports are running; retry later", maxConcurrentImports)
-		}
+// importGate holds a slot per import running.
+type importGate chan struct{}
+
+// enter takes a slot, or refuses at once (503) when all are taken: a
+// client waiting would hold its connection and body for nothing. The
+// caller has authenticated the request, so that callers without the
+// right to import cannot fill the slots.
+func (g importGate) enter() (func(), error) {
+	select {
+	case g <- struct{}{}:
+		return func() { <-g }, nil
+	default:
+		return nil, ServiceOverloaded(importBusyRetry, "%d repository imports are running; retry later", cap(g))
 	}
 }
 
@@ -86,7 +90,7 @@ func importBody(w http.ResponseWriter, r *http.Request) *idleReader {
 // app password. Whatever the repository held before is replaced whole;
 // the import is announced as #sync. The answer has no body, as the
 // lexicon says.
-func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request) error {
+func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
 	a, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
 	if err != nil {
 		return err
@@ -94,6 +98,11 @@ func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request) error 
 	if err := checkCARBody(r); err != nil {
 		return err
 	}
+	leave, err := gate.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
 	res, err := s.repo.Import(r.Context(), a.DID, importBody(w, r), s.importOptions())
 	if err != nil {
 		return err
@@ -122,7 +131,7 @@ type adminImportOutput struct {
 // importRepo into the account ?did=, whatever its status (an operator
 // restoring a backup), with an audit entry written in the import's
 // transaction. It answers what was imported.
-func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request) error {
+func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
 	p := queryParams(r)
 	did := p.did("did")
 	reason := p.optional("reason")
@@ -142,6 +151,11 @@ func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
+	leave, err := gate.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
 	opts := s.importOptions()
 	action := AdminNSIDPrefix + "importRepo"
 	opts.InTx = func(ctx context.Context, tx db.DBTX, res *repo.ImportResult) error {

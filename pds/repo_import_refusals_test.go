@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -103,14 +104,16 @@ func TestImportRepoRefusals(t *testing.T) {
 // max bytes), made as they are read: what a client sends after a CAR's
 // real blocks to push the body past any limit.
 type fillerBlocks struct {
-	buf  bytes.Buffer
-	n    int
-	sent int64
-	max  int64
+	buf bytes.Buffer
+	n   int
+	max int64
+	// sent is read by the test while the client's transport may still be
+	// sending.
+	sent atomic.Int64
 }
 
 func (f *fillerBlocks) Read(p []byte) (int, error) {
-	for f.buf.Len() < len(p) && f.sent+int64(f.buf.Len()) < f.max {
+	for f.buf.Len() < len(p) && f.sent.Load()+int64(f.buf.Len()) < f.max {
 		f.n++
 		b, err := atdata.MarshalCBOR(map[string]any{"$type": "x.filler.block", "n": int64(f.n), "pad": strings.Repeat("p", 1000)})
 		if err != nil {
@@ -125,7 +128,7 @@ func (f *fillerBlocks) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, _ := f.buf.Read(p)
-	f.sent += int64(n)
+	f.sent.Add(int64(n))
 	return n, nil
 }
 
@@ -155,8 +158,9 @@ func TestImportRepoSizeLimit(t *testing.T) {
 	resp.Body.Close()
 	res := xrpcResult{status: resp.StatusCode, body: body}
 	require.Contains(t, res.fails(t, http.StatusRequestEntityTooLarge, "PayloadTooLarge"), fmt.Sprint(limit))
-	t.Logf("the client sent %d bytes of a %d-byte body before the refusal", filler.sent, int64(total))
-	require.Less(t, filler.sent, int64(64<<20), "the server stopped reading near the limit")
+	sent := filler.sent.Load()
+	t.Logf("the client sent %d bytes of a %d-byte body before the refusal", sent, int64(total))
+	require.Less(t, sent, int64(64<<20), "the server stopped reading near the limit")
 	require.Equal(t, before, importState(t, e))
 
 	huge := e.do(t, http.MethodPost, "com.atproto.repo.importRepo", bob.access, bytes.NewReader(make([]byte, limit+1)), nil, carHeader)
@@ -165,34 +169,26 @@ func TestImportRepoSizeLimit(t *testing.T) {
 }
 
 // TestImportGate: imports beyond the concurrent bound are refused at once
-// with 503, not queued.
+// with 503, not queued, and a finished import frees its slot.
 func TestImportGate(t *testing.T) {
 	t.Parallel()
-	s := &Server{}
-	slots := make(chan struct{}, maxConcurrentImports)
-	entered, release := make(chan struct{}), make(chan struct{})
-	h := s.importing(slots, func(http.ResponseWriter, *http.Request) error {
-		entered <- struct{}{}
-		<-release
-		return nil
-	})
-	done := make(chan error, maxConcurrentImports)
-	for range maxConcurrentImports {
-		go func() { done <- h(nil, nil) }()
-		<-entered
+	gate := make(importGate, 2)
+	var leaves []func()
+	for range 2 {
+		leave, err := gate.enter()
+		require.NoError(t, err)
+		leaves = append(leaves, leave)
 	}
-	err := h(nil, nil)
+	_, err := gate.enter()
 	xe := xrpcErrorFor(err)
 	require.Equal(t, http.StatusServiceUnavailable, xe.Status)
 	require.Equal(t, "ServiceOverloaded", xe.Name)
 	require.NotEmpty(t, xe.Header.Get("Retry-After"))
-	close(release)
-	for range maxConcurrentImports {
-		require.NoError(t, <-done)
-	}
-	go func() { done <- h(nil, nil) }()
-	<-entered
-	require.NoError(t, <-done, "a slot is free again")
+	leaves[0]()
+	leave, err := gate.enter()
+	require.NoError(t, err, "a slot is free again")
+	leave()
+	leaves[1]()
 }
 
 // TestAdminImportRepo: the admin variant needs admin credentials and an
