@@ -53,6 +53,11 @@ const (
 	// client from making the server parse an arbitrarily large document.
 	DefaultMaxJSONBody = 2 * 1024 * 1024
 
+	// DefaultMaxImportSize is the largest repository CAR importRepo
+	// accepts: 1 GiB, far beyond any repository the reference PDS lets a
+	// user build, and streamed to the database, not held in memory.
+	DefaultMaxImportSize = 1 << 30
+
 	// MinJWTSecretLen is the shortest session-token key accepted: an HS256
 	// key should carry at least as many bytes as the hash output.
 	MinJWTSecretLen = 32
@@ -222,6 +227,13 @@ type Config struct {
 	RateLimitMaxKeys int
 	// MaxJSONBody is the largest JSON procedure body accepted, in bytes.
 	MaxJSONBody int64
+	// MaxImportSize is the largest repository CAR importRepo accepts, in
+	// bytes; a larger one is refused (413) while it streams in.
+	MaxImportSize int64
+	// ImportAllowOversize lets importRepo store records over the
+	// per-record limits (relays drop them) instead of refusing the
+	// repository. They never go out in a #commit.
+	ImportAllowOversize bool
 	// InviteRequired makes createAccount require an invite code. Unless
 	// the flag or environment sets it, Finalize turns it on for a public
 	// host name (as the reference PDS does); a local one stays open.
@@ -290,6 +302,7 @@ func DefaultConfig() *Config {
 		FirehoseMaxPerClient:   DefaultFirehoseMaxPerClient,
 		FirehoseOversizeSync:   true,
 		MaxJSONBody:            DefaultMaxJSONBody,
+		MaxImportSize:          DefaultMaxImportSize,
 		InflightQueue:          DefaultInflightQueue,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RefusalCoolOff:         DefaultRefusalCoolOff,

@@ -223,6 +223,9 @@ func (c *Config) validateRequests() error {
 	if c.MaxJSONBody < 1024 {
 		return settingError("max-json-body", "must be at least 1KiB")
 	}
+	if c.MaxImportSize < 1024 {
+		return settingError("max-import-size", "must be at least 1KiB")
+	}
 	return nil
 }
 

@@ -46,6 +46,7 @@ type accountEnv struct {
 	plcURL   string
 	accounts *account.Service
 	engine   *repo.Engine
+	blobs    *blob.Service // nil unless envOptions.blobs
 	jwt      []byte
 	// server is the running Server (its method table, for sweeps).
 	server *Server
@@ -134,9 +135,9 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	if opts.blobs {
 		store, err := blob.NewDiskStore(cfg.BlobDir)
 		require.NoError(t, err)
-		blobs = blob.New(pool, store, blob.Config{Logger: logger})
-		opts.cleaners = append(opts.cleaners, blobs)
+		blobs = blob.New(pool, store, blob.Config{MaxBytes: cfg.BlobMaxBytes, TempTTL: cfg.BlobTempTTL, Logger: logger})
 		rcfg.Blobs = blobs
+		opts.cleaners = append(opts.cleaners, blobs)
 	}
 	engine := repo.New(pool, keys, waker, rcfg)
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
@@ -161,7 +162,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	t.Cleanup(ts.Close)
 	return &accountEnv{
 		url: ts.URL, cfg: cfg, pool: pool, plc: dir, plcURL: plcSrv.URL,
-		accounts: accts, engine: engine, jwt: []byte(cfg.JWTSecret), server: s,
+		accounts: accts, engine: engine, blobs: blobs, jwt: []byte(cfg.JWTSecret), server: s,
 	}
 }
 

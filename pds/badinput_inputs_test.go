@@ -57,6 +57,9 @@ var sweepSchemas = map[string]lexSchema{
 	AdminNSIDPrefix + "repairOversizedEvents": {encoding: "application/json", fields: map[string]lexProp{
 		"reason": {Type: "string"},
 	}},
+	AdminNSIDPrefix + "importRepo": {encoding: "application/vnd.ipld.car", params: map[string]lexProp{
+		"did": {Type: "string", Format: "did"}, "reason": {Type: "string"},
+	}},
 }
 
 // genericSchema is used for a method with neither a lexicon nor an entry in

@@ -216,6 +216,11 @@ var domainErrors = []errorMapping{
 	{sentinel: repo.ErrRepoNotFound, status: http.StatusBadRequest, name: "RepoNotFound"},
 	{sentinel: repo.ErrRecordExists, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: repo.ErrInvalidWrite, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: repo.ErrInvalidImport, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: repo.ErrImportTooLarge, status: http.StatusRequestEntityTooLarge, name: "PayloadTooLarge"},
+	{sentinel: repo.ErrImportRead, status: http.StatusBadRequest, name: "InvalidRequest", build: func(err error) *XRPCError {
+		return InvalidRequest("the repository CAR did not arrive whole: %v", err)
+	}},
 
 	// The PLC directory.
 	{sentinel: plc.ErrNotControlled, status: http.StatusBadRequest, name: "InvalidRequest"},

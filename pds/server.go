@@ -266,6 +266,7 @@ func (s *Server) routes() {
 	s.registerPLCRoutes()
 	s.registerPreferenceRoutes()
 	s.registerRepoRoutes()
+	s.registerImportRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
 	// Writes first: background streams pause while these are in flight.

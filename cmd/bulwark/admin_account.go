@@ -35,6 +35,10 @@ var accountCommands = []*adminCommand{
 		summary: "change an account's handle (admin.updateAccountHandle)", run: runAccountUpdateHandle},
 	{path: "account update-email", args: "ACCOUNT EMAIL",
 		summary: "change an account's email address (admin.updateAccountEmail)", run: runAccountUpdateEmail},
+	{path: "account export", args: "ACCOUNT DIR",
+		summary: "write the account's repository CAR, every blob and its preferences to DIR, with a manifest (sync.getRepo, sync.listBlobs, sync.getBlob, admin getPreferences)", run: runAccountExport},
+	{path: "account import", args: "[--reason TEXT] ACCOUNT CAR",
+		summary: "replace the account's repository with a CAR, e.g. one account export wrote (io.github.bulwark-pds.admin.importRepo)", run: runAccountImport},
 	{path: "account tokens", args: "ACCOUNT",
 		summary: "codes the account asked for (email confirmation, password reset, deletion, PLC operation) whose mail has not gone out, for when the server has no SMTP (io.github.bulwark-pds.admin.getPendingEmailTokens)", run: runAccountTokens},
 }
