@@ -29,6 +29,7 @@ func (c *Config) Validate() error {
 		c.validateUpstreams,
 		c.validateFirehose,
 		c.validateMetrics,
+		c.validateOps,
 		c.validateBlobs,
 		c.validateLoad,
 		c.validateRequests,

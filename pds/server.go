@@ -115,6 +115,13 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// Console, when set, is served under /admin/ (the operator console,
+	// package console), behind the same access log and request ids.
+	Console http.Handler
+	// OnOverload, when set, is called each time a request is refused with
+	// 503 because the in-flight budget (or the getRepo export slots) is
+	// full: the overload storm detector counts them.
+	OnOverload func()
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -170,6 +177,10 @@ type Server struct {
 	exportRate *rate.Limiter
 	// holdRefused waits out a refused connection's cool-off (coolOff).
 	holdRefused func(ctx context.Context, d time.Duration)
+	// console serves /admin/ (nil: not here).
+	console http.Handler
+	// onOverload hears of each 503 ServiceOverloaded (nil: nobody).
+	onOverload func()
 }
 
 // New builds a Server and registers its routes.
@@ -203,6 +214,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
 	s.blobs = opts.Blobs
+	s.console, s.onOverload = opts.Console, opts.OnOverload
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
 	if opts.Config != nil && opts.Config.ExportRate > 0 {
@@ -257,6 +269,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /{$}", s.handleRoot)
 	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
 	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
+	if s.console != nil {
+		s.mux.Handle("/admin/", s.console)
+	}
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
 
@@ -590,6 +605,10 @@ func (s *Server) clientIP(r *http.Request) netip.Addr {
 	}
 	return addr
 }
+
+// ClientIP is the address r came from, as the rate limits see it: the
+// TCP peer, or the nearest untrusted address a trusted proxy forwarded.
+func (s *Server) ClientIP(r *http.Request) netip.Addr { return s.clientIP(r) }
 
 // peerAddr is the TCP peer of r.
 func peerAddr(r *http.Request) (netip.Addr, bool) {
