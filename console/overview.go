@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
@@ -22,7 +21,7 @@ type overviewView struct {
 	EventsPerMin  float64
 	CommitsPerMin float64
 	HasSamples    bool
-	Accounts      map[account.Status]int64
+	Accounts      map[string]int64
 	HasAccounts   bool
 	Budget        *budgetView
 	Refused429    float64
@@ -60,7 +59,10 @@ func (c *Console) handleOverview(w http.ResponseWriter, r *http.Request, s sessi
 		if err != nil {
 			return err
 		}
-		v.Accounts, v.HasAccounts = counts, true
+		v.Accounts, v.HasAccounts = map[string]int64{}, true
+		for st, n := range counts {
+			v.Accounts[string(st)] = n
+		}
 	}
 	if b := c.cfg.Budget; b != nil {
 		st := b.Stats()
