@@ -82,7 +82,13 @@ func newEnv(t *testing.T, o envOptions) *env {
 	pool := dbtest.New(t)
 	e := &env{pool: pool, log: eventlog.NewLog(pool), seqs: &seqWatch{changed: make(chan struct{})}}
 	e.seq = eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quiet})
-	health := firehose.NewHealth(firehose.HealthConfig{Logger: quiet})
+	health := firehose.NewHealth(firehose.HealthConfig{Logger: quiet, Inspect: func(ctx context.Context, seq int64) (*eventlog.EventInfo, error) {
+		evs, err := e.log.Inspect(ctx, eventlog.EventFilter{FromSeq: seq, Limit: 1})
+		if err != nil || len(evs) == 0 {
+			return nil, err
+		}
+		return &evs[0], nil
+	}})
 	e.hub = firehose.NewHub(pool, firehose.Config{Logger: quiet, Health: health, DisableOversizeSync: o.disableOversizeSync})
 	e.seq.OnSequenced(e.hub.Notify)
 	e.seq.OnSequenced(e.seqs.set)
