@@ -128,30 +128,8 @@ func TestRelayWatchThenConsoleRepair(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the relay flushes its cursor")
 	require.NoError(t, relay.Relay.Slurper.Shutdown())
 
-	// The watch, its metrics and the alert webhook, as serve wires them.
-	statusSrv := hostStatusServer(t, relay.Relay)
-	relayName := strings.TrimPrefix(statusSrv.URL, "http://")
-	receiver := newWebhookReceiver(t)
-	hook, err := alert.New(alert.Config{URL: receiver.URL, Host: e.host, Logger: quiet})
-	require.NoError(t, err)
-	watchLog := &syncbuf.Buffer{}
-	reg := prometheus.NewRegistry()
-	head, events := console.WatchSources(eventlog.NewLog(e.pool))
-	watch, err := relaywatch.New(relaywatch.Config{
-		Hostname: e.host, Relays: []string{statusSrv.URL}, Head: head, Events: events,
-		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
-			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
-		}),
-		Interval: 300 * time.Millisecond, StuckChecks: 2, Timeout: 5 * time.Second, Registerer: reg,
-		Logger: slog.New(slog.NewTextHandler(watchLog, nil)),
-	})
-	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = watch.Run(runCtx) })
-	wg.Go(func() { _ = hook.Run(runCtx) })
-	stopWatch := func() { stop(); wg.Wait() }
-	t.Cleanup(stopWatch)
+	w := startWatch(t, e, relay.Relay)
+	relayName, watchLog, receiver := w.relay, w.log, w.receiver
 
 	// The next commit is stored oversized before it is sequenced; the
 	// account goes on writing.
@@ -181,7 +159,7 @@ func TestRelayWatchThenConsoleRepair(t *testing.T) {
 		require.Contains(t, warning, want)
 	}
 	require.Equal(t, 1, strings.Count(watchLog.String(), "relay is stuck"), "warned once")
-	require.Equal(t, float64(laterSeq-badSeq+1), lagOf(t, reg, relayName), "the lag metric")
+	require.Equal(t, float64(laterSeq-badSeq+1), lagOf(t, w.reg, relayName), "the lag metric")
 	require.Eventually(t, func() bool { return receiver.find("relay_stuck") != nil }, 30*time.Second, 20*time.Millisecond, "the webhook gets the alert")
 	got := receiver.find("relay_stuck")
 	require.Equal(t, relayName, got.Subject)
@@ -190,7 +168,7 @@ func TestRelayWatchThenConsoleRepair(t *testing.T) {
 	require.Contains(t, got.Summary, fmt.Sprintf("rewrite-as-sync --seq %d", badSeq))
 
 	// The operator repairs the event from the console.
-	consoleRepair(t, e, watch, badSeq)
+	consoleRepair(t, e, w.watch, badSeq)
 
 	// The relay's redial reads the #sync and the commit after it.
 	require.Eventually(t, func() bool { return out.has("#commit " + later.Rev) }, 30*time.Second, 10*time.Millisecond, "the relay resumes")
@@ -205,11 +183,49 @@ func TestRelayWatchThenConsoleRepair(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the relay stores how far it got")
 	require.NoError(t, relay.Relay.Slurper.KillUpstreamConnection(ctx, e.host, false))
 	require.Eventually(t, func() bool { return strings.Contains(watchLog.String(), "relay recovered") }, 30*time.Second, 20*time.Millisecond, "the watch logs the recovery")
-	stopWatch()
+	w.stop()
 	recovered := logLine(watchLog.String(), "relay recovered")
 	require.Contains(t, recovered, "level=INFO")
 	require.Contains(t, recovered, "relay="+relayName)
 	require.Contains(t, recovered, "was=stuck")
+}
+
+// watchRun is the relay watch, its metrics and the alert webhook, as serve
+// wires them, watching one relay.
+type watchRun struct {
+	watch    *relaywatch.Watch
+	relay    string // the relay's name in logs, metrics and alerts
+	log      *syncbuf.Buffer
+	reg      *prometheus.Registry
+	receiver *webhookReceiver
+	stop     func()
+}
+
+// startWatch runs a watch of indigo's relay r (its getHostStatus served by
+// hostStatusServer) every 300 ms, stuck after two checks.
+func startWatch(t *testing.T, e *repairEnv, r *relaypkg.Relay) *watchRun {
+	t.Helper()
+	statusSrv := hostStatusServer(t, r)
+	w := &watchRun{relay: strings.TrimPrefix(statusSrv.URL, "http://"), log: &syncbuf.Buffer{}, reg: prometheus.NewRegistry(), receiver: newWebhookReceiver(t)}
+	hook, err := alert.New(alert.Config{URL: w.receiver.URL, Host: e.host, Logger: quiet})
+	require.NoError(t, err)
+	head, events := console.WatchSources(eventlog.NewLog(e.pool))
+	w.watch, err = relaywatch.New(relaywatch.Config{
+		Hostname: e.host, Relays: []string{statusSrv.URL}, Head: head, Events: events,
+		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
+			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
+		}),
+		Interval: 300 * time.Millisecond, StuckChecks: 2, Timeout: 5 * time.Second, Registerer: w.reg,
+		Logger: slog.New(slog.NewTextHandler(w.log, nil)),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = w.watch.Run(ctx) })
+	wg.Go(func() { _ = hook.Run(ctx) })
+	w.stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(w.stop)
+	return w
 }
 
 // consoleRepair rewrites the event at seq as #sync through the console,
