@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bulwark-pds/bulwark/alert"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/ratelimit"
+	"github.com/bulwark-pds/bulwark/relaywatch"
 )
 
 // Defaults that operators see in --help and the README. They are constants so
@@ -188,6 +190,32 @@ type Config struct {
 	// MetricsListen is a private address for /metrics and pprof. Empty
 	// means off.
 	MetricsListen string
+	// RelayWatchInterval is how often each relay in Crawlers is asked how
+	// far it has read this server's firehose (getHostStatus). Zero turns
+	// the relay watch off.
+	RelayWatchInterval time.Duration
+	// RelayWatchTimeout bounds each call the relay watch makes.
+	RelayWatchTimeout time.Duration
+	// RelayBehindEvents: a relay trailing our head by more seqs than this
+	// is behind.
+	RelayBehindEvents int
+	// RelayBehindFor: a relay whose oldest unread event was written longer
+	// ago than this is behind.
+	RelayBehindFor time.Duration
+	// RelayStuckChecks: a relay reporting the same seq on this many checks
+	// in a row while newer events exist is stuck.
+	RelayStuckChecks int
+	// AlertWebhook receives incidents (a stuck relay, a stuck firehose
+	// consumer, a storm of 503s) as JSON POSTs. Empty means none. It is
+	// treated as a secret: webhook URLs often carry a token.
+	AlertWebhook string
+	// OverloadStormThreshold is how many 503 refusals within a minute make
+	// a storm, alerted once.
+	OverloadStormThreshold int
+	// AdminConsole is where the operator console is served: ConsolePublic
+	// (/admin/ on the public listener), ConsolePrivate (/admin/ on
+	// MetricsListen only) or ConsoleOff.
+	AdminConsole string
 	// InflightBudget caps the bytes of expensive responses (CAR exports,
 	// firehose backfill, blobs) in flight at once. Zero means sized from
 	// the process's memory by Finalize (budget.DefaultCapacity).
@@ -310,6 +338,13 @@ func DefaultConfig() *Config {
 		ExportRate:             DefaultExportRate,
 		GCPercent:              DefaultGCPercent,
 		RateLimitMaxKeys:       ratelimit.DefaultMaxKeys,
+		RelayWatchInterval:     relaywatch.DefaultInterval,
+		RelayWatchTimeout:      relaywatch.DefaultTimeout,
+		RelayBehindEvents:      relaywatch.DefaultBehindEvents,
+		RelayBehindFor:         relaywatch.DefaultBehindFor,
+		RelayStuckChecks:       relaywatch.DefaultStuckChecks,
+		OverloadStormThreshold: alert.DefaultStormThreshold,
+		AdminConsole:           ConsolePublic,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
 		BlobTempTTL:            DefaultBlobTempTTL,

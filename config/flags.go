@@ -63,6 +63,14 @@ func (c *Config) settings() []setting {
 		{"firehose-oversize-sync", "serve stored events over a protocol limit as #sync (false only to reproduce a relay's failure)", (*boolValue)(&c.FirehoseOversizeSync)},
 		{"trusted-proxies", "comma-separated CIDRs whose X-Forwarded-For is believed", (*prefixListValue)(&c.TrustedProxies)},
 		{"metrics-listen", "private address for /metrics and pprof; unset = off", (*stringValue)(&c.MetricsListen)},
+		{"relay-watch-interval", "how often each relay in --crawlers is asked how far it has read our firehose (0 = off)", (*durationValue)(&c.RelayWatchInterval)},
+		{"relay-watch-timeout", "longest wait for one relay's answer", (*durationValue)(&c.RelayWatchTimeout)},
+		{"relay-behind-events", "a relay trailing our newest event by more seqs is behind", (*intValue)(&c.RelayBehindEvents)},
+		{"relay-behind-for", "a relay whose oldest unread event is older than this is behind", (*durationValue)(&c.RelayBehindFor)},
+		{"relay-stuck-checks", "a relay at the same seq this many checks in a row while newer events exist is stuck", (*intValue)(&c.RelayStuckChecks)},
+		{"alert-webhook", "URL receiving incidents (stuck relay or consumer, 503 storms) as JSON POSTs; unset = none", (*secretValue)(&c.AlertWebhook)},
+		{"overload-storm-threshold", "503 refusals within a minute that make a storm (alerted once)", (*intValue)(&c.OverloadStormThreshold)},
+		{"admin-console", "operator console at /admin/: public (this listener), private (--metrics-listen only) or off", (*stringValue)(&c.AdminConsole)},
 		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: a quarter of memory, 16MiB-1GiB)", (*byteSize)(&c.InflightBudget)},
 		{"inflight-queue", "expensive requests that may wait for the in-flight budget before the next gets 503 (0 = no waiting)", (*intValue)(&c.InflightQueue)},
 		{"background-max-pause", "longest a getRepo export or blob download pauses per chunk while writes are in flight (0 = never)", (*durationValue)(&c.BackgroundMaxPause)},
@@ -151,7 +159,7 @@ func (c *Config) LogValue() slog.Value {
 func (c *Config) Redacted() *Config {
 	r := *c
 	r.envErrs = nil
-	for _, p := range []*string{&r.AdminPassword, &r.JWTSecret, &r.PLCRotationKey, &r.BlobS3SecretKey} {
+	for _, p := range []*string{&r.AdminPassword, &r.JWTSecret, &r.PLCRotationKey, &r.BlobS3SecretKey, &r.AlertWebhook} {
 		if *p != "" {
 			*p = RedactedText
 		}

@@ -30,6 +30,7 @@ func (c *Config) Validate() error {
 		c.validateProxy,
 		c.validateFirehose,
 		c.validateMetrics,
+		c.validateOps,
 		c.validateBlobs,
 		c.validateLoad,
 		c.validateRequests,

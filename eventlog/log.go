@@ -32,6 +32,7 @@ var (
 	qPruneEvents        = queries.MustGet("PruneEvents")
 	qListenSequenced    = queries.MustGet("ListenSequenced")
 	qTryLeadership      = queries.MustGet("TryLeadership")
+	qCountUnsequenced   = queries.MustGet("CountUnsequenced")
 )
 
 // ErrNoEvent means no sequenced event matches.

@@ -73,3 +73,8 @@ LISTEN bulwark_sequenced;
 -- name: OldestSeq
 -- Index-only on events_seq_created.
 SELECT seq FROM events WHERE seq IS NOT NULL ORDER BY seq LIMIT 1;
+
+-- name: CountUnsequenced
+-- Committed events still waiting for a seq, counted up to $1 (the partial
+-- index events_unsequenced), for the sequencer's backlog metric.
+SELECT count(*) FROM (SELECT 1 FROM events WHERE seq IS NULL LIMIT $1) p;

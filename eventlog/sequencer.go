@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 // NotifyChannel is the Postgres LISTEN channel on which the sequencer
@@ -57,6 +59,12 @@ type Sequencer struct {
 
 	mu        sync.Mutex
 	listeners []func(lastSeq int64)
+
+	// wokenAt is when the oldest wake-up not yet answered by a batch came
+	// (unix nanoseconds; 0: none), for the sequencer lag metric.
+	wokenAt atomic.Int64
+	// countedAt is when the backlog was last counted (unix nanoseconds).
+	countedAt atomic.Int64
 }
 
 // NewSequencer returns a sequencer for pool's database; call Run to start it.
@@ -86,6 +94,7 @@ func NewSequencer(pool *pgxpool.Pool, cfg SequencerConfig) *Sequencer {
 
 // Wake tells the sequencer that events were committed. It never blocks.
 func (s *Sequencer) Wake() {
+	s.wokenAt.CompareAndSwap(0, time.Now().UnixNano())
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -174,14 +183,20 @@ func (s *Sequencer) lead(ctx context.Context) error {
 // transaction and returns how many it numbered. Exported for tests and for
 // tools that run without a leader loop.
 func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
+	// Wake-ups from now on are the next batch's: their events may have
+	// committed after this batch's snapshot.
+	woken := s.wokenAt.Swap(0)
 	var n, last int64
 	err := db.Translate(s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize).Scan(&n, &last))
 	if errors.Is(err, db.ErrNotFound) {
+		metrics.SequencerPending.Set(0)
 		return 0, nil
 	}
 	if err != nil {
+		s.keepWake(woken)
 		return 0, fmt.Errorf("sequencing events: %w", err)
 	}
+	s.observe(ctx, int(n), woken)
 	s.mu.Lock()
 	ls := s.listeners
 	s.mu.Unlock()
@@ -189,6 +204,44 @@ func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
 		fn(last)
 	}
 	return int(n), nil
+}
+
+// observe records a batch of n events in the metrics: the lag since the
+// wake-up it answered, and what is still waiting.
+func (s *Sequencer) observe(ctx context.Context, n int, woken int64) {
+	now := time.Now()
+	if woken != 0 {
+		metrics.SequencerLag.Set(now.Sub(time.Unix(0, woken)).Seconds())
+	}
+	if n < s.cfg.BatchSize {
+		// The batch took every event committed before it began.
+		metrics.SequencerPending.Set(0)
+		return
+	}
+	// A full batch: more are waiting. Their wake-up is still unanswered.
+	s.keepWake(woken)
+	last := s.countedAt.Load()
+	if now.UnixNano()-last < int64(time.Second) || !s.countedAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	var pending int64
+	if err := s.pool.QueryRow(ctx, qCountUnsequenced, 10*s.cfg.BatchSize).Scan(&pending); err == nil {
+		metrics.SequencerPending.Set(float64(pending))
+	}
+}
+
+// keepWake puts back a wake-up time that a batch did not answer, unless an
+// older one is there.
+func (s *Sequencer) keepWake(woken int64) {
+	if woken == 0 {
+		return
+	}
+	for {
+		cur := s.wokenAt.Load()
+		if (cur != 0 && cur <= woken) || s.wokenAt.CompareAndSwap(cur, woken) {
+			return
+		}
+	}
 }
 
 // RaiseSeq makes the next seq greater than floor (for a relay whose cursor is

@@ -136,13 +136,15 @@ func (a *Admission) allowed(ip netip.Addr) bool {
 }
 
 // Admit decides on a new subscription from ip at now. On refusal it returns
-// one of the errors above and how long the client should wait. It does no
-// I/O and allocates only when it meets a new client.
+// one of the errors above and how long the client should wait, and counts
+// the refusal in bulwark_firehose_upgrades_refused_total. It does no I/O
+// and allocates only when it meets a new client.
 func (a *Admission) Admit(ip netip.Addr, now time.Time) (*Ticket, time.Duration, error) {
 	ip = ip.Unmap()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.active >= a.cfg.MaxSubscribers {
+		refusedServerFull.Inc()
 		return nil, 10 * time.Second, ErrServerFull
 	}
 	if a.allowed(ip) {
@@ -151,6 +153,7 @@ func (a *Admission) Admit(ip netip.Addr, now time.Time) (*Ticket, time.Duration,
 	}
 	c := a.lookup(clientKey(ip), now)
 	if c.active >= a.cfg.MaxPerClient {
+		refusedPerClient.Inc()
 		return nil, time.Minute, ErrTooManyFromClient
 	}
 	r := c.bucket.ReserveN(now, 1)
@@ -158,6 +161,7 @@ func (a *Admission) Admit(ip netip.Addr, now time.Time) (*Ticket, time.Duration,
 		// Do not consume the token: a client that keeps hammering must not
 		// push its own next admission further away than the rate says.
 		r.CancelAt(now)
+		refusedRateLimited.Inc()
 		return nil, d, ErrRateLimited
 	}
 	c.active++

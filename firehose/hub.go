@@ -241,11 +241,11 @@ func (h *Hub) deliver(ctx context.Context) error {
 		}
 		frames := make([]liveFrame, 0, len(evs))
 		for i := range evs {
-			data, err := h.frame(&evs[i], nil, slog.LevelWarn)
+			data, kind, err := h.frame(&evs[i], nil, slog.LevelWarn)
 			if err != nil {
 				continue
 			}
-			frames = append(frames, liveFrame{seq: evs[i].Seq, data: data})
+			frames = append(frames, liveFrame{seq: evs[i].Seq, kind: kind, data: data})
 		}
 		h.mu.Lock()
 		for s := range h.live {
@@ -263,24 +263,24 @@ func (h *Hub) after(ctx context.Context, after int64, limit, maxBytes int) ([]ev
 	return h.log.Page(ctx, after, limit, maxBytes)
 }
 
-// frame encodes ev's wire frame, appending to dst; an oversized event
-// becomes #sync. An error means the event cannot be sent at all (it is
+// frame encodes ev's wire frame, appending to dst, and says which kind of
+// frame it is; an oversized event becomes #sync. An error means the event cannot be sent at all (it is
 // logged and skipped: never sent oversized). The replacement is logged at
 // level: a warning when it goes live (once per event), debug on backfill,
 // where every reconnecting consumer would log it again.
-func (h *Hub) frame(ev *eventlog.Event, dst []byte, level slog.Level) ([]byte, error) {
+func (h *Hub) frame(ev *eventlog.Event, dst []byte, level slog.Level) ([]byte, string, error) {
 	if !eventlog.Oversized(ev) || h.cfg.DisableOversizeSync {
-		return eventlog.AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), nil
+		return eventlog.AppendFrame(dst, ev.Kind, ev.Body, ev.SeqOffset, ev.Seq), string(ev.Kind), nil
 	}
 	data, err := eventlog.SyncFrame(ev)
 	if err != nil {
 		h.logger.Error("oversized event cannot be sent as #sync; skipping it",
 			"seq", ev.Seq, "did", ev.DID, "kind", ev.Kind, "frame_bytes", ev.FrameSize(), "err", err)
-		return nil, err
+		return nil, "", err
 	}
 	h.logger.Log(context.Background(), level, "oversized event sent as #sync", "seq", ev.Seq, "did", ev.DID,
 		"kind", ev.Kind, "frame_bytes", ev.FrameSize(), "blocks_bytes", ev.BlocksLen, "ops", ev.OpsCount)
-	return data, nil
+	return data, string(eventlog.KindSync), nil
 }
 
 // Close ends every subscription and refuses new ones. Run calls it when its

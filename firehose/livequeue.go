@@ -5,6 +5,7 @@ import "sync"
 // liveFrame is one encoded event, shared by every subscriber's queue.
 type liveFrame struct {
 	seq  int64
+	kind string // the frame's kind, for the metrics
 	data []byte
 }
 

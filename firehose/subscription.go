@@ -14,6 +14,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/metrics"
 )
 
 // subscription is one com.atproto.sync.subscribeRepos stream being served:
@@ -27,6 +28,11 @@ type subscription struct {
 	cur    int64 // last seq written
 	buf    []byte
 	ping   time.Time
+
+	// endOnce keeps the first reason the subscription ended for: the read
+	// loop and the writer may both see the end.
+	endOnce sync.Once
+	reason  EndReason
 
 	// Only the subscription's own goroutine writes to conn, so that live
 	// frames can go out in batches straight to the socket (see
@@ -55,9 +61,12 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64, cl
 	}
 	if h.cfg.Health != nil {
 		s.track = h.cfg.Health.Start(client.IP, client.UserAgent, cursor)
-		// Whatever ended it first has said why; this is the fallback.
-		defer s.end(EndOther)
 	}
+	defer func() {
+		// Whatever ended it first has said why; this is the fallback.
+		s.end(EndOther)
+		countDisconnect(s.reason)
+	}()
 
 	h.mu.Lock()
 	if h.closed {
@@ -68,10 +77,12 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64, cl
 	}
 	h.subs[s] = struct{}{}
 	h.mu.Unlock()
+	metrics.FirehoseSubscribers.Inc()
 	defer func() {
 		h.mu.Lock()
 		delete(h.subs, s)
 		h.mu.Unlock()
+		metrics.FirehoseSubscribers.Dec()
 	}()
 
 	go s.readLoop()
@@ -98,9 +109,10 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64, cl
 	return err
 }
 
-// end records why the subscription ended, for consumer health; the first
-// reason recorded stands.
+// end records why the subscription ended, for consumer health and the
+// metrics; the first reason recorded stands.
 func (s *subscription) end(r EndReason) {
+	s.endOnce.Do(func() { s.reason = r })
 	if s.track != nil {
 		s.track.End(r)
 	}
@@ -220,7 +232,7 @@ func (s *subscription) resolve(ctx context.Context, cursor int64) (int64, error)
 			if cursor < last {
 				// Everything after the cursor was pruned: the window is
 				// empty, so the stream goes on live from the end.
-				if err := s.write(infoFrame(InfoOutdatedCursor, outdatedMessage)); err != nil {
+				if err := s.writeInfo(InfoOutdatedCursor, outdatedMessage); err != nil {
 					return -1, err
 				}
 				return last, nil
@@ -244,7 +256,7 @@ func (s *subscription) resolve(ctx context.Context, cursor int64) (int64, error)
 		if !outdated {
 			return cursor, nil
 		}
-		if err := s.write(infoFrame(InfoOutdatedCursor, outdatedMessage)); err != nil {
+		if err := s.writeInfo(InfoOutdatedCursor, outdatedMessage); err != nil {
 			return -1, err
 		}
 	}
@@ -339,11 +351,12 @@ func (s *subscription) sendPage(ctx context.Context, page []eventlog.Event, unti
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		data, err := s.h.frame(ev, s.buf[:0], slog.LevelDebug)
+		data, kind, err := s.h.frame(ev, s.buf[:0], slog.LevelDebug)
 		if err == nil {
 			if err := s.write(data); err != nil {
 				return err
 			}
+			countFrame(kind, len(data))
 			s.sent(ev.Seq)
 			s.keepBuf(data)
 		}
@@ -367,6 +380,7 @@ func (s *subscription) liveLoop(ctx context.Context, queue *liveQueue) error {
 	tick := time.NewTicker(s.h.cfg.PingInterval)
 	defer tick.Stop()
 	var spare []liveFrame
+	var tally frameTally
 	for {
 		select {
 		case <-ctx.Done():
@@ -403,7 +417,9 @@ func (s *subscription) liveLoop(ctx context.Context, queue *liveQueue) error {
 			}
 			for _, f := range frames[i : i+n] {
 				s.sent(f.seq)
+				tally.add(f.kind, len(f.data))
 			}
+			tally.flush()
 			s.cur = frames[i+n-1].seq
 			i += n
 		}
@@ -457,10 +473,22 @@ func (s *subscription) fail(name, msg string) error {
 	case ErrNameConsumerTooSlow:
 		s.end(EndConsumerSlow)
 	}
-	if err := s.write(errorFrame(name, msg)); err != nil {
+	frame := errorFrame(name, msg)
+	if err := s.write(frame); err != nil {
 		return err
 	}
+	countFrame(frameKindError, len(frame))
 	s.close(websocket.ClosePolicyViolation, name)
+	return nil
+}
+
+// writeInfo sends an #info frame.
+func (s *subscription) writeInfo(name, msg string) error {
+	frame := infoFrame(name, msg)
+	if err := s.write(frame); err != nil {
+		return err
+	}
+	countFrame(frameKindInfo, len(frame))
 	return nil
 }
 

@@ -127,13 +127,16 @@ var (
 		Help: "Highest firehose seq assigned by the sequencer.",
 	})
 	// SequencerLag is how long the events of the last sequenced batch
-	// waited between their commit and getting a seq, at most.
+	// waited between their commit and getting a seq, at most: measured
+	// from the first wake-up (a local writer's commit) the batch answered.
+	// Batches found by polling, of other nodes' commits, leave it as it is.
 	SequencerLag = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: "sequencer", Name: "lag_seconds",
 		Help: "Longest commit-to-seq delay in the last sequenced batch.",
 	})
 	// SequencerPending is the number of committed events still waiting
-	// for a seq, when the sequencer knows it.
+	// for a seq after the last batch: 0 when the batch took every one,
+	// else counted (at most once a second, up to ten batches' worth).
 	SequencerPending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: "sequencer", Name: "pending_events",
 		Help: "Committed events not yet sequenced.",
@@ -160,13 +163,14 @@ var (
 	})
 	// FirehoseRefused counts subscribeRepos upgrades refused before the
 	// WebSocket handshake, by reason (rate_limited, too_many_from_client,
-	// server_full, budget).
+	// server_full).
 	FirehoseRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "firehose", Name: "upgrades_refused_total",
 		Help: "subscribeRepos upgrades refused before the handshake, by reason.",
 	}, []string{"reason"})
-	// FirehoseDisconnects counts streams the server closed, by reason
-	// (consumer_too_slow, outdated_cursor, future_cursor, shutdown, ...).
+	// FirehoseDisconnects counts subscribeRepos streams that ended, by
+	// reason (client_closed, read_timeout, write_error, write_timeout,
+	// consumer_too_slow, future_cursor, shutdown, other).
 	FirehoseDisconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "firehose", Name: "disconnects_total",
 		Help: "subscribeRepos streams ended, by reason.",

@@ -32,6 +32,12 @@ func PrivateMux() *http.ServeMux {
 // (127.0.0.1 or an internal network): pprof exposes command lines, heap
 // contents and CPU profiles.
 func Serve(ctx context.Context, addr string, logger *slog.Logger) error {
+	return ServeHandler(ctx, addr, PrivateMux(), logger)
+}
+
+// ServeHandler is Serve with the private listener's routes given: a
+// PrivateMux with more private pages (the operator console) on it.
+func ServeHandler(ctx context.Context, addr string, h http.Handler, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -39,12 +45,16 @@ func Serve(ctx context.Context, addr string, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)
 	}
-	return serve(ctx, ln, logger)
+	return serveHandler(ctx, ln, h, logger)
 }
 
 func serve(ctx context.Context, ln net.Listener, logger *slog.Logger) error {
+	return serveHandler(ctx, ln, PrivateMux(), logger)
+}
+
+func serveHandler(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger) error {
 	srv := &http.Server{
-		Handler:           PrivateMux(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		// No WriteTimeout: /debug/pprof/profile and trace stream for as
 		// long as the caller asks (?seconds=30).

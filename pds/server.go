@@ -126,6 +126,13 @@ type Options struct {
 	// Keys signs the service-auth tokens proxied requests carry (the
 	// account KeyStore). Nil: proxied requests carry no token.
 	Keys proxy.KeySource
+	// Console, when set, is served under /admin/ (the operator console,
+	// package console), behind the same access log and request ids.
+	Console http.Handler
+	// OnOverload, when set, is called each time a request is refused with
+	// 503 because the in-flight budget (or the getRepo export slots) is
+	// full: the overload storm detector counts them.
+	OnOverload func()
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -186,6 +193,10 @@ type Server struct {
 	exportRate *rate.Limiter
 	// holdRefused waits out a refused connection's cool-off (coolOff).
 	holdRefused func(ctx context.Context, d time.Duration)
+	// console serves /admin/ (nil: not here).
+	console http.Handler
+	// onOverload hears of each 503 ServiceOverloaded (nil: nobody).
+	onOverload func()
 }
 
 // New builds a Server and registers its routes.
@@ -227,6 +238,7 @@ func New(opts Options) (*Server, error) {
 	if p != nil {
 		s.proxy, s.unknownMethod = p, s.serveProxy
 	}
+	s.console, s.onOverload = opts.Console, opts.OnOverload
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
 	if opts.Config != nil && opts.Config.ExportRate > 0 {
@@ -284,6 +296,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /{$}", s.handleRoot)
 	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
 	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
+	if s.console != nil {
+		s.mux.Handle("/admin/", s.console)
+	}
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
 
@@ -617,6 +632,10 @@ func (s *Server) clientIP(r *http.Request) netip.Addr {
 	}
 	return addr
 }
+
+// ClientIP is the address r came from, as the rate limits see it: the
+// TCP peer, or the nearest untrusted address a trusted proxy forwarded.
+func (s *Server) ClientIP(r *http.Request) netip.Addr { return s.clientIP(r) }
 
 // peerAddr is the TCP peer of r.
 func peerAddr(r *http.Request) (netip.Addr, bool) {

@@ -24,6 +24,9 @@ import (
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	xe := xrpcErrorFor(err)
 	status := xe.Status
+	if xe.Name == "ServiceOverloaded" && s.onOverload != nil {
+		s.onOverload()
+	}
 	logger := func() *slog.Logger {
 		return s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
 	}

@@ -54,10 +54,14 @@ const (
 	// PolicyRepoWrite is the per-account write points (WriteCost*), keyed
 	// by DID.
 	PolicyRepoWrite = "repoWrite"
+	// PolicyConsoleLogin is Bulwark's own: attempts at the operator
+	// console's login form, keyed by IP.
+	PolicyConsoleLogin = "consoleLogin"
 )
 
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
-// (bluesky-social/atproto) applies when its rate limiting is on.
+// (bluesky-social/atproto) applies when its rate limiting is on, and
+// Bulwark's own console login limit.
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -76,6 +80,7 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyDeleteAccount: {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyResetPassword: {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyRepoWrite:     {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
+		PolicyConsoleLogin:  {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
 
 		PolicyRequestPasswordReset:         {{Name: "hour", Limit: 15, Window: time.Hour}, {Name: "day", Limit: 50, Window: Day}},
 		PolicyRequestEmailConfirmation:     mailRequest(),

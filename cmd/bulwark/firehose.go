@@ -14,7 +14,8 @@ import (
 // newFirehose builds the event pipeline: the sequencer (writers wake it),
 // the hub serving subscribeRepos, retention pruning and relay
 // notification, and returns the background services that run them.
-func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*eventlog.Sequencer, *firehose.Hub, []service) {
+// onStuck hears of each consumer found stuck (the alert webhook).
+func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger, onStuck func(firehose.ConsumerReport)) (*eventlog.Sequencer, *firehose.Hub, []service) {
 	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: logger})
 	log := eventlog.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
@@ -27,6 +28,7 @@ func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*
 			}
 			return &evs[0], nil
 		},
+		OnStuck: onStuck,
 	})
 	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Health: health, DisableOversizeSync: !cfg.FirehoseOversizeSync, Logger: logger})
 	seq.OnSequenced(hub.Notify)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -17,8 +18,11 @@ import (
 // protection is what keeps the server up under abuse: the in-flight byte
 // budget, the rate limiters, and the metrics that show both at work.
 type protection struct {
-	budget   *budget.Budget
-	limits   *ratelimit.Set
+	budget *budget.Budget
+	limits *ratelimit.Set
+	// private is the --metrics-listen listener's routes (/metrics, pprof,
+	// and the console when it is private); nil when that listener is off.
+	private  *http.ServeMux
 	services []service
 }
 
@@ -51,8 +55,9 @@ func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *eventlog.Sequenc
 		return nil
 	}})
 	if cfg.MetricsListen != "" {
+		p.private = metrics.PrivateMux()
 		p.services = append(p.services, service{name: "metrics listener", run: func(ctx context.Context) error {
-			return metrics.Serve(ctx, cfg.MetricsListen, logger.With("component", "metrics"))
+			return metrics.ServeHandler(ctx, cfg.MetricsListen, p.private, logger.With("component", "metrics"))
 		}})
 	}
 	logger.Info("protection", "inflight_budget", p.budget.Capacity(), "inflight_queue", cfg.InflightQueue,

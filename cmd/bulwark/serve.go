@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/pds"
@@ -159,9 +161,17 @@ func listen(cfg *config.Config) (net.Listener, error) {
 // devPLC, when not nil, is the development PLC directory this server runs:
 // the PLC client then submits to it in process.
 func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
-	var services []service
-	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger)
+	alerts, services, err := newAlerts(cfg, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger, consumerStuckAlert(alerts))
 	services = append(services, firehoseServices...)
+	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	services = append(services, watch.services...)
 	protect, err := newProtection(cfg, pool, sequencer, logger)
 	if err != nil {
 		return nil, nil, err
@@ -197,7 +207,18 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}
-	srv, err := pds.New(opts)
+	opts.OnOverload = func() { watch.storm.Record() }
+	var srv *pds.Server
+	consoleHandler, consoleServices, err := newConsole(cfg, consoleDeps{
+		pool: pool, log: eventlog.NewLog(pool), accounts: accounts, health: hub.Health(), watchers: watch, protect: protect,
+		clientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
+	}, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	services = append(services, consoleServices...)
+	opts.Console = consoleHandler
+	srv, err = pds.New(opts)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,103 @@
+package console
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bulwark-pds/bulwark/ratelimit"
+)
+
+// loginAttemptTTL is how long a login form may be filled in.
+const loginAttemptTTL = 15 * time.Minute
+
+// loginView is the login form.
+type loginView struct {
+	Next    string
+	CSRF    string
+	Message string
+}
+
+// loginAttempt starts (or continues) a login: a short-lived signed cookie
+// whose id the form's CSRF token is bound to.
+func (c *Console) loginAttempt(w http.ResponseWriter, r *http.Request) session {
+	if ck, err := r.Cookie(loginCookie); err == nil {
+		if s, err := c.keys.decode(ck.Value, c.cfg.Now()); err == nil {
+			return s
+		}
+	}
+	s := session{id: newID(), expires: c.cfg.Now().Add(loginAttemptTTL)}
+	c.setCookie(w, loginCookie, c.keys.encode(s), s.expires)
+	return s
+}
+
+func (c *Console) handleLoginForm(w http.ResponseWriter, r *http.Request) {
+	c.showLogin(w, r, http.StatusOK, "")
+}
+
+func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	a := c.loginAttempt(w, r)
+	c.render(w, status, "login", view{Title: "Log in", Data: loginView{
+		Next: safeNext(r.FormValue("next")), CSRF: c.keys.csrfToken("login", a.id), Message: msg,
+	}})
+}
+
+// handleLogin checks the admin password. Every attempt spends a point of
+// the client address's consoleLogin limit first, as createSession does, so
+// that guessing costs the guesser and not the server.
+func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, "The form could not be read.")
+		return
+	}
+	if !sameOrigin(r) {
+		c.fail(w, r, http.StatusForbidden, "The form was not sent from this console.")
+		return
+	}
+	now := c.cfg.Now()
+	if d := c.cfg.LoginLimiter.AllowN(ratelimit.IPKey(c.cfg.ClientIP(r)), 1); !d.Allowed {
+		ratelimit.SetHeaders(w.Header(), d, now)
+		w.Header().Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(d.RetryAfter), 10))
+		c.showLogin(w, r, http.StatusTooManyRequests, "Too many login attempts from your address; try again in "+d.RetryAfter.Round(time.Second).String()+".")
+		return
+	}
+	ck, err := r.Cookie(loginCookie)
+	var a session
+	if err == nil {
+		a, err = c.keys.decode(ck.Value, now)
+	}
+	if err != nil || !c.keys.checkCSRF("login", a.id, r.PostForm.Get(csrfField)) {
+		c.showLogin(w, r, http.StatusForbidden, "The login form expired; try again.")
+		return
+	}
+	got, want := sha256.Sum256([]byte(r.PostForm.Get("password"))), sha256.Sum256([]byte(c.cfg.AdminPassword))
+	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		c.log.Warn("console login failed", "client", c.cfg.ClientIP(r).String())
+		c.showLogin(w, r, http.StatusUnauthorized, "Wrong password.")
+		return
+	}
+	s := session{id: newID(), expires: now.Add(c.cfg.SessionTTL)}
+	c.setCookie(w, sessionCookie, c.keys.encode(s), s.expires)
+	c.setCookie(w, loginCookie, "", time.Time{})
+	c.log.Info("console login", "client", c.cfg.ClientIP(r).String())
+	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
+}
+
+func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request, s session) error {
+	c.revoked.revoke(s, c.cfg.Now())
+	c.setCookie(w, sessionCookie, "", time.Time{})
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+	return nil
+}
+
+// safeNext keeps a post-login destination inside the console.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || len(next) > 2048 {
+		return Prefix
+	}
+	return next
+}

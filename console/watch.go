@@ -1,0 +1,42 @@
+package console
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/relaywatch"
+)
+
+// eventAtScan bounds the events EventAt looks through past invalidated
+// ones.
+const eventAtScan = 100
+
+// WatchSources are the relay watch's readers of the event log: Head reads
+// the sequencer's high-water mark and nothing else (one row); EventAt, run
+// only when a relay enters behind or stuck, describes the first event
+// still served at or after a seq from its sizes (never its blocks).
+func WatchSources(l *eventlog.Log) (relaywatch.HeadFunc, relaywatch.EventFunc) {
+	head := func(ctx context.Context) (int64, time.Time, error) {
+		seq, err := l.LastSeq(ctx)
+		return seq, time.Time{}, err
+	}
+	at := func(ctx context.Context, seq int64) (relaywatch.EventInfo, error) {
+		evs, err := l.Inspect(ctx, eventlog.EventFilter{FromSeq: seq, Limit: eventAtScan})
+		if err != nil {
+			return relaywatch.EventInfo{}, err
+		}
+		for _, e := range evs {
+			if e.Invalidated {
+				continue
+			}
+			return relaywatch.EventInfo{
+				Seq: e.Seq, Kind: string(e.Kind), DID: e.DID, Size: e.FrameBytes,
+				BrokenLimit: strings.Join(e.Problems, "; "),
+			}, nil
+		}
+		return relaywatch.EventInfo{}, eventlog.ErrNoEvent
+	}
+	return head, at
+}
