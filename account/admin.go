@@ -66,8 +66,8 @@ func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password stri
 		if tag.RowsAffected() == 0 {
 			return ErrAccountNotFound
 		}
-		if _, err = tx.Exec(ctx, qDeleteAllSessions, did.String()); err != nil {
-			return db.Translate(err)
+		if err := s.endAllSessions(ctx, tx, did); err != nil {
+			return err
 		}
 		return runAlso(ctx, tx, opts)
 	})
