@@ -61,6 +61,8 @@ type envOptions struct {
 	options func(*Options)
 	// cleaners are passed to account.Config.Cleaners.
 	cleaners []account.Cleaner
+	// sessionEnders are passed to account.Config.SessionEnders.
+	sessionEnders []account.SessionEnder
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -116,7 +118,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners,
+		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, SessionEnders: opts.sessionEnders,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}

@@ -31,6 +31,9 @@ type authPolicy struct {
 	allowDeactivated bool
 	fullAccess       bool // the account password, not an app password
 	privileged       bool // full access or a privileged app password
+	// oauth is what an OAuth session needs (nil: transition:generic, or
+	// nothing reaches the method when fullAccess or privileged is set).
+	oauth *oauthNeed
 }
 
 // authOption relaxes or tightens requireAuth.
@@ -73,7 +76,9 @@ func bearerToken(r *http.Request) (string, error) {
 //	// auth.DID is the caller
 //
 // By default the account must be active and any session scope (including
-// app passwords) is accepted; options change that. Errors are XRPC errors:
+// app passwords) is accepted; options change that. "Authorization: DPoP"
+// (an OAuth access token and its DPoP proof) is requireOAuth's: a grant
+// passes where its permissions reach (auth_oauth.go says which). Errors are XRPC errors:
 // 401 AuthenticationRequired without a token, 400 ExpiredToken /
 // InvalidToken for a bad, expired, wrong-type or ended one, 401
 // AccountDeactivated / AccountTakedown, 400 InvalidToken "bad token scope"
@@ -85,6 +90,9 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 	}
 	if s.accounts == nil {
 		return nil, MethodNotImplemented("this server has no accounts configured")
+	}
+	if s.oauth != nil && isDPoPAuth(r) {
+		return s.requireOAuth(r, p)
 	}
 	token, err := bearerToken(r)
 	if err != nil {
@@ -112,8 +120,9 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 
 // requireRepoAuth is requireAuth for a write to repo (a DID or handle): the
 // caller must own it. Writing to another account's repo is 403 Forbidden.
+// An OAuth session's permissions are checked per write (checkRepoScope).
 func (s *Server) requireRepoAuth(r *http.Request, repoID string) (*account.Auth, error) {
-	a, err := s.requireAuth(r)
+	a, err := s.requireAuth(r, oauthAnyGrant())
 	if err != nil {
 		return nil, err
 	}

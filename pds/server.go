@@ -45,6 +45,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -115,6 +116,12 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// OAuth, when set, makes the server an OAuth authorization server
+	// (package oauth: its Issuer, Secret and HTTPClient come from here;
+	// New fills in Pool, Accounts and, when nil, Logger) and lets every
+	// XRPC method accept its DPoP-bound access tokens within their
+	// granted scope. Needs Accounts.
+	OAuth *oauth.Config
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -156,6 +163,8 @@ type Server struct {
 	directory identityResolver
 
 	blobs *blob.Service
+	// oauth is the OAuth authorization server (nil: no OAuth).
+	oauth *oauth.Server
 	// callerDID, when set (tests), replaces session auth for the blob
 	// methods: it returns the calling account.
 	callerDID callerFunc
@@ -217,6 +226,13 @@ func New(opts Options) (*Server, error) {
 		}
 		s.carCache = c
 	}
+	if opts.OAuth != nil {
+		o, err := s.newOAuth(opts)
+		if err != nil {
+			return nil, err
+		}
+		s.oauth = o
+	}
 	if opts.Firehose != nil {
 		s.firehose = opts.Firehose
 		s.subscribeAdmission = newSubscribeAdmission(opts)
@@ -254,7 +270,8 @@ func (s *Server) routes() {
 	// Paths outside /xrpc.
 	s.mux.HandleFunc("GET /{$}", s.handleRoot)
 	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
-	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
+	s.mountOAuth()
+	s.mux.HandleFunc("/xrpc/", s.withDPoPNonce(s.serveXRPC))
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
 

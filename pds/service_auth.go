@@ -48,7 +48,7 @@ func (s *Server) registerServiceAuthRoutes() {
 }
 
 func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r)
+	auth, err := s.requireAuth(r, oauthAnyGrant())
 	if err != nil {
 		return err
 	}
@@ -70,9 +70,18 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 		if protectedMethods[lxm] {
 			return InvalidRequest("cannot request a service auth token for the protected method %s", lxm)
 		}
-		if privilegedMethod(lxm) && !auth.Privileged() {
+		if privilegedMethod(lxm) && auth.OAuth == nil && !auth.Privileged() {
 			return InvalidRequest("insufficient access to request a service auth token for %s", lxm)
 		}
+	}
+	// An OAuth session gets tokens only for what its grant's rpc:
+	// permissions name (a token without lxm needs rpc:*).
+	if !auth.AllowsRPC(lxm, aud) {
+		need := "rpc:" + lxm + "?aud=" + aud
+		if lxm == "" {
+			need = "rpc:*?aud=" + aud
+		}
+		return insufficientScope(need)
 	}
 	ttl := account.ServiceAuthDefaultTTL
 	if expRaw != "" {
