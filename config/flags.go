@@ -65,6 +65,7 @@ func (c *Config) settings() []setting {
 		{"ratelimits", "rate limits: empty = the reference PDS's, off, or overrides like global=6000/5m;createSession=10/5m,100/1d", (*stringValue)(&c.RateLimits)},
 		{"ratelimit-max-keys", "clients (IPs, DIDs) each rate limiter tracks at once", (*intValue)(&c.RateLimitMaxKeys)},
 		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
+		{"oauth-allow-private-clients", "development only: accept OAuth client_id URLs on IP addresses, ports and local names, fetched from private networks", (*boolValue)(&c.OAuthAllowPrivateClients)},
 		{"invite-required", "require an invite code to create an account (default: true for a public host name, false for a local one)", &trackedBool{v: &c.InviteRequired, set: &c.inviteSet}},
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
 		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -49,7 +50,10 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		ServiceDID:     cfg.ServiceDID(),
 		JWTSecret:      []byte(cfg.JWTSecret),
 		Cleaners:       cleaners,
-		Logger:         logger,
+		// A takedown or a password reset ends the account's OAuth grants
+		// with its sessions; deleting the account deletes them with it.
+		SessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
+		Logger:        logger,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("accounts: %w", err)

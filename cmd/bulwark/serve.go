@@ -181,7 +181,8 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits,
+		OAuth: newOAuthConfig(cfg, logger)}
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}
@@ -189,6 +190,10 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
+	services = append(services, service{name: "oauth cleanup", run: func(ctx context.Context) error {
+		srv.OAuth().Run(ctx, 0)
+		return nil
+	}})
 	slots := srv.ExportSlots()
 	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())
