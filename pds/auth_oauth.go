@@ -23,7 +23,7 @@ import (
 //     updateEmail: account:email?action=manage; importRepo:
 //     account:repo?action=manage (see oauthAccount and oauthIdentity);
 //   - getServiceAuth and the service proxy: rpc:<lxm>?aud=<service>
-//     (account.Auth.AllowsRPC);
+//     (checkRPCAccess, account.Auth.AllowsRPC);
 //   - other methods that need a password session (app passwords, invite
 //     codes, activation, deletion) are refused to OAuth whatever the scope;
 //   - everything else (preferences, reads that need a session, ...) needs
@@ -151,6 +151,30 @@ func checkRepoScope(a *account.Auth, writes []repo.Write, extra ...string) error
 				return insufficientScope("repo:" + w.Collection.String() + "?action=" + action)
 			}
 		}
+	}
+	return nil
+}
+
+// checkRPCAccess is what a session needs to call lxm on the service aud
+// (a did#service reference or a bare DID) through the service proxy or
+// with a service-auth token: a privileged method (chat, createAccount)
+// needs a full-access or privileged app-password session, and an OAuth
+// session the grant's rpc: permission for it (transition:generic covers
+// all but chat, which transition:chat.bsky adds). Protected methods are
+// the caller's to refuse first. Authenticate with oauthAnyGrant, so that
+// a grant of rpc: permissions alone gets this far.
+func checkRPCAccess(a *account.Auth, lxm, aud string) error {
+	if a.OAuth == nil {
+		if lxm != "" && privilegedMethod(lxm) && !a.Privileged() {
+			return InvalidRequest("insufficient access for %s: it needs the account password or a privileged app password", lxm)
+		}
+		return nil
+	}
+	if !a.AllowsRPC(lxm, aud) {
+		if lxm == "" {
+			lxm = "*"
+		}
+		return insufficientScope("rpc:" + lxm + "?aud=" + aud)
 	}
 	return nil
 }

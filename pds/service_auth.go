@@ -70,18 +70,11 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 		if protectedMethods[lxm] {
 			return InvalidRequest("cannot request a service auth token for the protected method %s", lxm)
 		}
-		if privilegedMethod(lxm) && auth.OAuth == nil && !auth.Privileged() {
-			return InvalidRequest("insufficient access to request a service auth token for %s", lxm)
-		}
 	}
-	// An OAuth session gets tokens only for what its grant's rpc:
-	// permissions name (a token without lxm needs rpc:*).
-	if !auth.AllowsRPC(lxm, aud) {
-		need := "rpc:" + lxm + "?aud=" + aud
-		if lxm == "" {
-			need = "rpc:*?aud=" + aud
-		}
-		return insufficientScope(need)
+	// A token without lxm is one for any method: an OAuth session needs
+	// rpc:* for it.
+	if err := checkRPCAccess(auth, lxm, aud); err != nil {
+		return err
 	}
 	ttl := account.ServiceAuthDefaultTTL
 	if expRaw != "" {
