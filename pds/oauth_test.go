@@ -40,6 +40,10 @@ func TestOAuthIndigoClientFlow(t *testing.T) {
 	require.Equal(t, u.handle, res.str(t, "handle"))
 	require.Empty(t, res.str(t, "email"), "no transition:email, no email")
 
+	// transition:generic mints service-auth tokens for any method but chat.
+	e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.app&lxm=app.bsky.feed.getTimeline", nil).ok(t)
+	requireScopeRefusal(t, e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.chat&lxm=chat.bsky.convo.listConvos", nil), "rpc:chat.bsky.convo.listConvos")
+
 	old := sess.Data.AccessToken
 	_, err := sess.RefreshTokens(ctx)
 	require.NoError(t, err)
@@ -153,6 +157,12 @@ func TestOAuthScopeGrantsWhatItNames(t *testing.T) {
 	require.NotEmpty(t, tok.str(t, "token"))
 	res = e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.app%23bsky_appview&lxm=app.bsky.feed.getAuthorFeed", nil)
 	requireScopeRefusal(t, res, "rpc:app.bsky.feed.getAuthorFeed")
+	res = e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.app%23bsky_appview", nil)
+	requireScopeRefusal(t, res, "rpc:*")
+
+	// transition:chat.bsky adds chat to transition:generic.
+	chat := e.session(e.app("chat", "atproto", "transition:generic", "transition:chat.bsky"), u)
+	e.xrpcCall(chat, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.chat&lxm=chat.bsky.convo.listConvos", nil).ok(t)
 }
 
 // TestOAuthTokenNeedsItsDPoPKey: a stolen access token is useless without
