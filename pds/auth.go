@@ -78,11 +78,14 @@ func bearerToken(r *http.Request) (string, error) {
 // By default the account must be active and any session scope (including
 // app passwords) is accepted; options change that. "Authorization: DPoP"
 // (an OAuth access token and its DPoP proof) is requireOAuth's: a grant
-// passes where its permissions reach (auth_oauth.go says which). Errors are XRPC errors:
-// 401 AuthenticationRequired without a token, 400 ExpiredToken /
-// InvalidToken for a bad, expired, wrong-type or ended one, 401
-// AccountDeactivated / AccountTakedown, 400 InvalidToken "bad token scope"
-// for an app password on a full-access method (as the reference PDS does).
+// passes where its permissions reach (auth_oauth.go says which).
+//
+// Errors are XRPC errors: 401 AuthenticationRequired without a token, 400
+// ExpiredToken / InvalidToken for a bad, expired, wrong-type or ended one,
+// 401 AccountDeactivated / AccountTakedown, 400 InvalidToken "bad token
+// scope" for an app password on a full-access method (as the reference
+// PDS does); for OAuth, 401 with the DPoP challenge for a bad token or
+// proof and 403 InsufficientScope for a method outside the grant.
 func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth, error) {
 	var p authPolicy
 	for _, o := range opts {
