@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -57,7 +58,6 @@ var (
 	qLockRepoRoot               = queries.MustGet("LockRepoRoot")
 	qSetPassword                = queries.MustGet("SetPassword")
 	qDeleteAllSessions          = queries.MustGet("DeleteAllSessions")
-	qSetEmail                   = queries.MustGet("SetEmail")
 	qSetInvitesDisabled         = queries.MustGet("SetInvitesDisabled")
 	qGetAccountsByDID           = queries.MustGet("GetAccountsByDID")
 	qInviteUsedBy               = queries.MustGet("InviteUsedBy")
@@ -85,6 +85,9 @@ type Account struct {
 	Status          Status
 	InvitesDisabled bool
 	CreatedAt       time.Time
+	// EmailConfirmedAt is when Email was confirmed (confirmEmail); nil
+	// while it is not.
+	EmailConfirmedAt *time.Time
 
 	passwordHash string
 }
@@ -133,6 +136,11 @@ type Config struct {
 	SessionEnders []SessionEnder
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Mail issues the mailed codes (confirm an address, reset a password,
+	// delete the account, sign a PLC operation) and queues mail in the
+	// outbox. Nil means a Mailer without SMTP, which holds every mail for
+	// an operator to read (email.Mailer.PendingTokens).
+	Mail *email.Mailer
 }
 
 // Cleaner deletes what a package keeps for an account, inside the
@@ -154,6 +162,7 @@ type Service struct {
 	plc    *plc.Client
 	hash   *hasher
 	tokens *signer
+	mail   *email.Mailer
 	log    *slog.Logger
 }
 
@@ -184,6 +193,13 @@ func New(cfg Config) (*Service, error) {
 	for i, d := range cfg.HandleDomains {
 		cfg.HandleDomains[i] = strings.ToLower(d)
 	}
+	if cfg.Mail == nil {
+		m, err := email.New(cfg.Pool, email.Config{Hostname: hostOf(cfg.PublicURL), Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("account: mailer: %w", err)
+		}
+		cfg.Mail = m
+	}
 	return &Service{
 		cfg:  cfg,
 		pool: cfg.Pool,
@@ -195,7 +211,8 @@ func New(cfg Config) (*Service, error) {
 			secret: cfg.JWTSecret, audience: cfg.ServiceDID,
 			accessTTL: cfg.AccessTTL, refreshTTL: cfg.RefreshTTL, now: cfg.Now,
 		},
-		log: cfg.Logger.With("component", "account"),
+		mail: cfg.Mail,
+		log:  cfg.Logger.With("component", "account"),
 	}, nil
 }
 
@@ -248,7 +265,7 @@ type row interface {
 func (s *Service) scanAccount(r row) (*Account, error) {
 	var a Account
 	var did, handle, status string
-	err := db.Translate(r.Scan(&did, &handle, &a.Email, &status, &a.InvitesDisabled, &a.CreatedAt, &a.passwordHash))
+	err := db.Translate(r.Scan(&did, &handle, &a.Email, &status, &a.InvitesDisabled, &a.CreatedAt, &a.passwordHash, &a.EmailConfirmedAt))
 	if errors.Is(err, db.ErrNotFound) {
 		return nil, ErrAccountNotFound
 	}

@@ -48,47 +48,40 @@ func (s *Service) InvitedBy(ctx context.Context, did syntax.DID) (string, error)
 	return code, err
 }
 
-// SetPassword replaces did's password and ends all its sessions (a reset
-// is usually because the old one leaked).
+// SetPassword replaces did's password (com.atproto.admin.updateAccountPassword)
+// and, in the same transaction, ends everything the old one let anybody
+// do: every session, every app password and every mailed code (see
+// replacePassword). A reset is usually because the old one leaked.
 func (s *Service) SetPassword(ctx context.Context, did syntax.DID, password string, opts ...WriteOption) error {
-	if err := checkNewPassword(password); err != nil {
-		return err
-	}
-	h, err := s.hash.hash(ctx, password)
+	h, err := s.newPasswordHash(ctx, password)
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, qSetPassword, did.String(), h)
-		if err != nil {
-			return db.Translate(err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrAccountNotFound
-		}
-		if err := s.endAllSessions(ctx, tx, did); err != nil {
-			return err
-		}
-		return runAlso(ctx, tx, opts)
-	})
+	if err := s.setPasswordHash(ctx, did, h, opts...); err != nil {
+		return err
+	}
+	s.log.Info("password replaced; sessions, app passwords and mailed codes revoked", "did", did)
+	return nil
 }
 
-// SetEmail replaces did's email address.
+// SetEmail replaces did's email address (com.atproto.admin.updateAccountEmail).
+// A new address is unconfirmed and the codes mailed to the old one stop
+// working; setting the current address again changes nothing.
 func (s *Service) SetEmail(ctx context.Context, did syntax.DID, email string, opts ...WriteOption) error {
 	email, err := normalizeEmail(email)
 	if err != nil {
 		return err
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, qSetEmail, did.String(), email)
-		if err = db.Translate(err); errors.Is(err, db.ErrConflict) {
-			return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
-		}
+		cur, err := lockEmail(ctx, tx, did)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return ErrAccountNotFound
+		if err := runFirst(ctx, tx, opts); err != nil {
+			return err
+		}
+		if err := s.replaceEmail(ctx, tx, did, cur, email); err != nil {
+			return err
 		}
 		return runAlso(ctx, tx, opts)
 	})

@@ -24,7 +24,10 @@ type CreateInput struct {
 	Email      string
 	Password   string
 	InviteCode string
-	// DID, when set, asks to bring an existing DID: not supported yet.
+	// DID, when set, brings an existing did:plc here (an account moving
+	// from another server): the caller must have checked that the
+	// requester controls it (a service-auth JWT the DID issued for
+	// com.atproto.server.createAccount). See createImported.
 	DID string
 }
 
@@ -64,6 +67,9 @@ type newAccount struct {
 // the commit failed) leaves a DID pointing here with no account: it is
 // logged and tombstoned on a best-effort basis.
 func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, *Session, error) {
+	if in.DID != "" {
+		return s.createImported(ctx, in)
+	}
 	na, err := s.checkNew(ctx, in)
 	if err != nil {
 		return nil, nil, err
@@ -121,11 +127,10 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 
 // checkNew checks everything about in that can be checked before the
 // account's transaction: the rules, and whether the handle or the email is
-// taken already (the unique indexes still settle a race).
+// taken already (the unique indexes still settle a race). A handle or
+// email held by in.DID's own account does not count: that account is
+// replaced (createImported).
 func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, error) {
-	if in.DID != "" {
-		return nil, ruleErr(ErrUnsupportedDID, "bringing an existing DID (%s) is not supported yet; create the account without \"did\"", in.DID)
-	}
 	handle, err := s.NormalizeHandle(in.Handle)
 	if err != nil {
 		return nil, err
@@ -142,7 +147,7 @@ func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, er
 		return nil, ruleErr(ErrInvalidInviteCode, "an invite code is required to create an account here")
 	}
 	var handleTaken, emailTaken bool
-	if err := s.pool.QueryRow(ctx, qHandleOrEmailTaken, handle.String(), email).Scan(&handleTaken, &emailTaken); err != nil {
+	if err := s.pool.QueryRow(ctx, qHandleOrEmailTaken, handle.String(), email, in.DID).Scan(&handleTaken, &emailTaken); err != nil {
 		return nil, fmt.Errorf("checking handle: %w", db.Translate(err))
 	}
 	if handleTaken {

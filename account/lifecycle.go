@@ -141,21 +141,11 @@ func (s *Service) Delete(ctx context.Context, did syntax.DID, opts ...WriteOptio
 		if _, _, err := lockAccount(ctx, tx, did); err != nil {
 			return err
 		}
-		// The repo row is locked first, as writers lock it, so a commit in
-		// flight finishes before its rows are deleted.
-		if _, err := tx.Exec(ctx, qLockRepoRoot, did.String()); err != nil {
-			return db.Translate(err)
+		if err := runFirst(ctx, tx, opts); err != nil {
+			return err
 		}
-		for _, c := range s.cfg.Cleaners {
-			if err := c.DeleteAccountTx(ctx, tx, did); err != nil {
-				return fmt.Errorf("deleting account: %w", err)
-			}
-		}
-		if err := s.cfg.Repo.DeleteRepoTx(ctx, tx, did); err != nil {
-			return fmt.Errorf("deleting account: %w", err)
-		}
-		if _, err := tx.Exec(ctx, qDeleteAccount, did.String()); err != nil {
-			return fmt.Errorf("deleting account: %w", db.Translate(err))
+		if err := s.deleteRows(ctx, tx, did); err != nil {
+			return err
 		}
 		if err := appendAccount(ctx, tx, did, StatusDeleted); err != nil {
 			return err
@@ -168,6 +158,28 @@ func (s *Service) Delete(ctx context.Context, did syntax.DID, opts ...WriteOptio
 	s.keys.forget(did)
 	s.wake()
 	s.log.Info("account deleted", "did", did)
+	return nil
+}
+
+// deleteRows deletes did's account, repository and what other packages
+// keep for it (Cleaners) inside tx, which holds the account's lock.
+func (s *Service) deleteRows(ctx context.Context, tx db.DBTX, did syntax.DID) error {
+	// The repo row is locked first, as writers lock it, so a commit in
+	// flight finishes before its rows are deleted.
+	if _, err := tx.Exec(ctx, qLockRepoRoot, did.String()); err != nil {
+		return db.Translate(err)
+	}
+	for _, c := range s.cfg.Cleaners {
+		if err := c.DeleteAccountTx(ctx, tx, did); err != nil {
+			return fmt.Errorf("deleting account: %w", err)
+		}
+	}
+	if err := s.cfg.Repo.DeleteRepoTx(ctx, tx, did); err != nil {
+		return fmt.Errorf("deleting account: %w", err)
+	}
+	if _, err := tx.Exec(ctx, qDeleteAccount, did.String()); err != nil {
+		return fmt.Errorf("deleting account: %w", db.Translate(err))
+	}
 	return nil
 }
 

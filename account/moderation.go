@@ -46,7 +46,8 @@ type TxFunc func(ctx context.Context, tx db.DBTX) error
 type WriteOption func(*writeOptions)
 
 type writeOptions struct {
-	also []TxFunc
+	first []TxFunc
+	also  []TxFunc
 }
 
 // Also runs fn inside the change's transaction, after the change, even
@@ -61,6 +62,21 @@ func Also(fn TxFunc) WriteOption {
 // methods record their writes this way.
 func Audited(e *audit.Entry) WriteOption {
 	return Also(func(ctx context.Context, tx db.DBTX) error { return audit.Record(ctx, tx, e) })
+}
+
+// runFirst runs the steps that must succeed before the change is made
+// (a mailed code used up, see useEmailCode), inside its transaction.
+func runFirst(ctx context.Context, tx db.DBTX, opts []WriteOption) error {
+	var o writeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	for _, fn := range o.first {
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func runAlso(ctx context.Context, tx db.DBTX, opts []WriteOption) error {

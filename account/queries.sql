@@ -3,20 +3,21 @@ INSERT INTO accounts (did, handle, email, password_hash, signing_key)
 VALUES ($1, $2, $3, $4, $5);
 
 -- name: HandleOrEmailTaken
+-- $3 is a DID whose own account does not count ('' for none).
 SELECT
-    EXISTS (SELECT 1 FROM accounts WHERE handle = $1),
-    EXISTS (SELECT 1 FROM accounts WHERE email = $2);
+    EXISTS (SELECT 1 FROM accounts WHERE handle = $1 AND did <> $3),
+    EXISTS (SELECT 1 FROM accounts WHERE email = $2 AND did <> $3);
 
 -- name: GetAccountByDID
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
 FROM accounts WHERE did = $1;
 
 -- name: GetAccountByHandle
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
 FROM accounts WHERE handle = $1;
 
 -- name: GetAccountByEmail
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
 FROM accounts WHERE email = $1;
 
 -- name: LockAccount
@@ -136,14 +137,11 @@ SELECT session_id FROM refresh_tokens WHERE jti = $1 AND did = $2;
 -- Taken before deleting a repository, in the order writers take it.
 SELECT 1 FROM repo_roots WHERE did = $1 FOR UPDATE;
 
--- name: SetEmail
-UPDATE accounts SET email = $2, updated_at = now() WHERE did = $1;
-
 -- name: SetInvitesDisabled
 UPDATE accounts SET invites_disabled = $2, updated_at = now() WHERE did = $1;
 
 -- name: GetAccountsByDID
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
 FROM accounts WHERE did = ANY($1::text[]) ORDER BY did;
 
 -- name: InviteUsedBy

@@ -53,6 +53,11 @@ const (
 	// client from making the server parse an arbitrarily large document.
 	DefaultMaxJSONBody = 2 * 1024 * 1024
 
+	// DefaultMaxImportSize is the largest repository CAR importRepo
+	// accepts: 1 GiB, far beyond any repository the reference PDS lets a
+	// user build, and streamed to the database, not held in memory.
+	DefaultMaxImportSize = 1 << 30
+
 	// MinJWTSecretLen is the shortest session-token key accepted: an HS256
 	// key should carry at least as many bytes as the hash output.
 	MinJWTSecretLen = 32
@@ -132,6 +137,29 @@ type Config struct {
 	// AppViewDID is the service DID of AppViewURL (the `aud` of service
 	// auth tokens sent to it).
 	AppViewDID string
+	// ModServiceURL is the moderation service tools.ozone.* methods are
+	// proxied to (empty: none).
+	ModServiceURL string
+	// ModServiceDID is the service DID of ModServiceURL.
+	ModServiceDID string
+	// ReportServiceURL is where com.atproto.moderation.createReport goes
+	// without an atproto-proxy header (empty: none).
+	ReportServiceURL string
+	// ReportServiceDID is the service DID of ReportServiceURL.
+	ReportServiceDID string
+	// ProxyHeaderTimeout bounds the wait for a proxied service's response
+	// headers once the request is sent.
+	ProxyHeaderTimeout time.Duration
+	// ProxyBodyTimeout bounds each wait for more of a proxied service's
+	// response body.
+	ProxyBodyTimeout time.Duration
+	// ProxyMaxResponse bounds a proxied service's response body, in bytes.
+	ProxyMaxResponse int64
+	// ProxyAllowPrivate are networks outbound requests (service proxying,
+	// handle and did:web resolution) may reach although they are not
+	// public, over http or https: a private deployment's app view, local
+	// development. Empty: public unicast addresses only, https only.
+	ProxyAllowPrivate []netip.Prefix
 	// FirehoseRate is how many subscribeRepos connections one client may
 	// open, refilled continuously (token bucket).
 	FirehoseRate Rate
@@ -199,6 +227,13 @@ type Config struct {
 	RateLimitMaxKeys int
 	// MaxJSONBody is the largest JSON procedure body accepted, in bytes.
 	MaxJSONBody int64
+	// MaxImportSize is the largest repository CAR importRepo accepts, in
+	// bytes; a larger one is refused (413) while it streams in.
+	MaxImportSize int64
+	// ImportAllowOversize lets importRepo store records over the
+	// per-record limits (relays drop them) instead of refusing the
+	// repository. They never go out in a #commit.
+	ImportAllowOversize bool
 	// OAuthAllowPrivateClients lets OAuth apps publish their client
 	// metadata at an IP address, a port or a local name (localhost,
 	// *.local, ...), fetched from loopback and private networks too. For
@@ -215,6 +250,19 @@ type Config struct {
 	PrivacyPolicyURL string
 	// TermsOfServiceURL is published in describeServer.
 	TermsOfServiceURL string
+	// SMTPURL is the mail server codes and messages are sent through
+	// (email.ParseSMTPURL: smtps://user:pass@host:465,
+	// smtp://user:pass@host:587 with STARTTLS). Empty means no mail is
+	// sent: it is held, and an operator reads the codes with
+	// `bulwark admin account tokens`.
+	SMTPURL string
+	// EmailFrom is the sender of mail, "Name <addr>" or "addr"; required
+	// with SMTPURL.
+	EmailFrom string
+	// EmailTemplates is a directory of mail templates that replace the
+	// built-in ones file by file (see package email). Empty means the
+	// built-in ones.
+	EmailTemplates string
 	// ShutdownTimeout bounds how long a stopping server waits for
 	// requests in flight before closing them.
 	ShutdownTimeout time.Duration
@@ -246,6 +294,13 @@ func DefaultConfig() *Config {
 		DataDir:                DefaultDataDir,
 		AppViewURL:             DefaultAppViewURL,
 		AppViewDID:             DefaultAppViewDID,
+		ModServiceURL:          DefaultModServiceURL,
+		ModServiceDID:          DefaultModServiceDID,
+		ReportServiceURL:       DefaultReportServiceURL,
+		ReportServiceDID:       DefaultReportServiceDID,
+		ProxyHeaderTimeout:     DefaultProxyHeaderTimeout,
+		ProxyBodyTimeout:       DefaultProxyBodyTimeout,
+		ProxyMaxResponse:       DefaultProxyMaxResponse,
 		FirehoseRate:           DefaultFirehoseRate,
 		FirehoseBurst:          DefaultFirehoseBurst,
 		FirehoseRetention:      DefaultFirehoseRetention,
@@ -253,6 +308,7 @@ func DefaultConfig() *Config {
 		FirehoseMaxPerClient:   DefaultFirehoseMaxPerClient,
 		FirehoseOversizeSync:   true,
 		MaxJSONBody:            DefaultMaxJSONBody,
+		MaxImportSize:          DefaultMaxImportSize,
 		InflightQueue:          DefaultInflightQueue,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RefusalCoolOff:         DefaultRefusalCoolOff,

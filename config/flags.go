@@ -46,6 +46,14 @@ func (c *Config) settings() []setting {
 		{"crawlers", "comma-separated relay URLs to notify with requestCrawl", (*listValue)(&c.Crawlers)},
 		{"appview-url", "default proxy target for methods served elsewhere", (*stringValue)(&c.AppViewURL)},
 		{"appview-did", "service DID of --appview-url", (*stringValue)(&c.AppViewDID)},
+		{"mod-service-url", "moderation service tools.ozone.* methods are proxied to (empty = none)", (*stringValue)(&c.ModServiceURL)},
+		{"mod-service-did", "service DID of --mod-service-url", (*stringValue)(&c.ModServiceDID)},
+		{"report-service-url", "service com.atproto.moderation.createReport is proxied to (empty = none)", (*stringValue)(&c.ReportServiceURL)},
+		{"report-service-did", "service DID of --report-service-url", (*stringValue)(&c.ReportServiceDID)},
+		{"proxy-header-timeout", "longest wait for a proxied service's response headers", (*durationValue)(&c.ProxyHeaderTimeout)},
+		{"proxy-body-timeout", "longest wait for more of a proxied service's response body", (*durationValue)(&c.ProxyBodyTimeout)},
+		{"proxy-max-response", "largest response body a proxied service may send, like 10MiB", (*byteSize)(&c.ProxyMaxResponse)},
+		{"proxy-allow-private", "comma-separated CIDRs outbound requests (proxying, handle and did:web resolution) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
 		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
 		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},
 		{"firehose-retention", "how long firehose events are kept for cursor replay", (*durationValue)(&c.FirehoseRetention)},
@@ -65,11 +73,16 @@ func (c *Config) settings() []setting {
 		{"ratelimits", "rate limits: empty = the reference PDS's, off, or overrides like global=6000/5m;createSession=10/5m,100/1d", (*stringValue)(&c.RateLimits)},
 		{"ratelimit-max-keys", "clients (IPs, DIDs) each rate limiter tracks at once", (*intValue)(&c.RateLimitMaxKeys)},
 		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
+		{"max-import-size", "largest repository CAR importRepo accepts, like 1GiB", (*byteSize)(&c.MaxImportSize)},
+		{"import-allow-oversize", "let importRepo store records over the per-record limits instead of refusing the repository", (*boolValue)(&c.ImportAllowOversize)},
 		{"oauth-allow-private-clients", "development only: accept OAuth client_id URLs on IP addresses, ports and local names, fetched from private networks", (*boolValue)(&c.OAuthAllowPrivateClients)},
 		{"invite-required", "require an invite code to create an account (default: true for a public host name, false for a local one)", &trackedBool{v: &c.InviteRequired, set: &c.inviteSet}},
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
 		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},
 		{"terms-of-service-url", "terms of service link published by describeServer", (*stringValue)(&c.TermsOfServiceURL)},
+		{"smtp-url", "mail server for codes and admin messages: smtps://user:pass@host:465 or smtp://user:pass@host:587 (STARTTLS); unset = mail is held (bulwark admin account tokens)", (*smtpURLValue)(&c.SMTPURL)},
+		{"email-from", "sender of mail, like 'Example PDS <noreply@example.com>'; required with --smtp-url", (*stringValue)(&c.EmailFrom)},
+		{"email-templates", "directory of mail templates replacing the built-in ones file by file", (*stringValue)(&c.EmailTemplates)},
 		{"shutdown-timeout", "how long a stopping server waits for requests in flight", (*durationValue)(&c.ShutdownTimeout)},
 		{"log-level", "minimum log level: debug, info, warn, error", (*levelValue)(&c.LogLevel)},
 		{"log-format", "log format: text or json", (*stringValue)(&c.LogFormat)},
@@ -145,6 +158,7 @@ func (c *Config) Redacted() *Config {
 		}
 	}
 	r.DatabaseURL = RedactDatabaseURL(r.DatabaseURL)
+	r.SMTPURL = RedactSMTPURL(r.SMTPURL)
 	return &r
 }
 

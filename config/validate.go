@@ -27,12 +27,14 @@ func (c *Config) Validate() error {
 		c.validateIdentity,
 		c.validateBlobDir,
 		c.validateUpstreams,
+		c.validateProxy,
 		c.validateFirehose,
 		c.validateMetrics,
 		c.validateBlobs,
 		c.validateLoad,
 		c.validateRequests,
 		c.validateDescription,
+		c.validateEmail,
 		c.validateProcess,
 	} {
 		if err := check(); err != nil {
@@ -220,6 +222,9 @@ func (c *Config) validateRequests() error {
 	}
 	if c.MaxJSONBody < 1024 {
 		return settingError("max-json-body", "must be at least 1KiB")
+	}
+	if c.MaxImportSize < 1024 {
+		return settingError("max-import-size", "must be at least 1KiB")
 	}
 	return nil
 }

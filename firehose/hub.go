@@ -330,6 +330,11 @@ func (h *Hub) unregister(s *liveQueue) {
 }
 
 // lastDelivered is the highest seq handed to live subscribers.
+// Delivered is the seq of the last event the hub has handed to its live
+// subscribers: a subscription that has caught up to it joins the live
+// fan-out instead of reading further pages.
+func (h *Hub) Delivered() int64 { return h.lastDelivered() }
+
 func (h *Hub) lastDelivered() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()

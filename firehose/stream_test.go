@@ -483,6 +483,10 @@ func TestBackfillDrawsFromBudget(t *testing.T) {
 		b.write(t, did, fmt.Sprint("post ", i))
 	}
 	last := b.waitSequenced(t, 11)
+	// Until the hub has delivered the last event, a subscription may join
+	// the live fan-out after its first page and get the rest from there;
+	// once it has, every event comes through a page.
+	require.Eventually(t, func() bool { return b.hub.Delivered() >= last }, 10*time.Second, time.Millisecond)
 	conn := dial(t, b.wsURL, ptr(int64(0)))
 	require.Len(t, readUntil(t, conn, last), 11)
 	require.Eventually(t, func() bool { return bud.Stats().InUse == 0 }, 10*time.Second, time.Millisecond)

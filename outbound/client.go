@@ -207,6 +207,18 @@ func (c *Client) HTTPClient() *http.Client {
 	return c.httpClient(callOptions{c.cfg.MaxResponseBytes, c.cfg.MaxRedirects, c.cfg.Timeout})
 }
 
+// Transport returns the client's guarded round tripper with response
+// bodies bounded to maxBytes (zero or less: the client's default), for a
+// caller that drives its own http.Client: one that sets its own redirect
+// policy and per-read time limits, such as the service proxy, where a
+// whole-request Timeout would cut long answers.
+func (c *Client) Transport(maxBytes int64) http.RoundTripper {
+	if maxBytes <= 0 {
+		maxBytes = c.cfg.MaxResponseBytes
+	}
+	return &roundTripper{c: c, maxBytes: maxBytes}
+}
+
 func (c *Client) httpClient(o callOptions) *http.Client {
 	return &http.Client{
 		Transport:     &roundTripper{c: c, maxBytes: o.maxBytes},

@@ -20,8 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
@@ -44,6 +46,7 @@ type accountEnv struct {
 	plcURL   string
 	accounts *account.Service
 	engine   *repo.Engine
+	blobs    *blob.Service // nil unless envOptions.blobs
 	jwt      []byte
 	// server is the running Server (its method table, for sweeps).
 	server *Server
@@ -61,6 +64,14 @@ type envOptions struct {
 	options func(*Options)
 	// cleaners are passed to account.Config.Cleaners.
 	cleaners []account.Cleaner
+	// mail, when set, configures the accounts' Mailer (default: one
+	// without SMTP, which holds every mail).
+	mail *email.Config
+	// logs, when set, receives every log line at debug level.
+	logs *lockedBuffer
+	// blobs wires a blob service on disk, as serve does: the engine
+	// tracks blob references, account deletion cleans them up.
+	blobs bool
 	// sessionEnders are passed to account.Config.SessionEnders.
 	sessionEnders []account.SessionEnder
 }
@@ -100,6 +111,16 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		pool = dbtest.New(t)
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if opts.logs != nil {
+		logger = slog.New(slog.NewTextHandler(opts.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	var mailer *email.Mailer
+	if opts.mail != nil {
+		mc := *opts.mail
+		mc.Hostname, mc.Logger = cfg.Hostname, logger
+		mailer, err = email.New(pool, mc)
+		require.NoError(t, err)
+	}
 	keys, err := account.NewKeyStore(pool, rotation.Bytes())
 	require.NoError(t, err)
 	var waker repo.Waker
@@ -111,17 +132,26 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		t.Cleanup(func() { cancel(); <-done })
 		waker = seq
 	}
-	engine := repo.New(pool, keys, waker, repo.Config{Logger: logger})
+	var blobs *blob.Service
+	rcfg := repo.Config{Logger: logger}
+	if opts.blobs {
+		store, err := blob.NewDiskStore(cfg.BlobDir)
+		require.NoError(t, err)
+		blobs = blob.New(pool, store, blob.Config{MaxBytes: cfg.BlobMaxBytes, TempTTL: cfg.BlobTempTTL, Logger: logger})
+		rcfg.Blobs = blobs
+		opts.cleaners = append(opts.cleaners, blobs)
+	}
+	engine := repo.New(pool, keys, waker, rcfg)
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
 	accts, err := account.New(account.Config{
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, SessionEnders: opts.sessionEnders,
+		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer, SessionEnders: opts.sessionEnders,
 	})
 	require.NoError(t, err)
-	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine}
+	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs, Keys: keys}
 	if opts.options != nil {
 		opts.options(&o)
 	}
@@ -134,7 +164,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	t.Cleanup(ts.Close)
 	return &accountEnv{
 		url: ts.URL, cfg: cfg, pool: pool, plc: dir, plcURL: plcSrv.URL,
-		accounts: accts, engine: engine, jwt: []byte(cfg.JWTSecret), server: s,
+		accounts: accts, engine: engine, blobs: blobs, jwt: []byte(cfg.JWTSecret), server: s,
 	}
 }
 

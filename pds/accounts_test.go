@@ -24,6 +24,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/email"
 )
 
 func TestAccountsAndSessions(t *testing.T) {
@@ -202,7 +203,7 @@ func TestCreateAccountRefusals(t *testing.T) {
 		{"no password", map[string]any{"handle": "alice.test", "email": "a@example.com"}, 400, "InvalidPassword"},
 		{"bad email", map[string]any{"handle": "alice.test", "email": "not an email", "password": "long enough"}, 400, "InvalidRequest"},
 		{"email taken", map[string]any{"handle": "alice.test", "email": "user" + strings.TrimSuffix(strings.TrimPrefix(u.handle, "user"), ".test") + "@example.com", "password": "long enough"}, 400, "InvalidRequest"},
-		{"bring your own DID", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "did": "did:web:example.com"}, 400, "InvalidRequest"},
+		{"existing DID without a service-auth JWT", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "did": "did:web:example.com"}, 401, "AuthenticationRequired"},
 		{"plcOp", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "plcOp": map[string]any{}}, 400, "InvalidRequest"},
 	}
 	for _, tc := range cases {
@@ -353,11 +354,15 @@ func TestAccountLifecycle(t *testing.T) {
 	kinds := e.eventKinds(t, u.did)
 	require.Equal(t, []string{"identity", "account", "sync", "commit", "account", "identity", "account", "sync", "commit"}, kinds)
 
-	// Deletion: password plus a session of the account.
-	e.post(t, "com.atproto.server.deleteAccount", other.access, map[string]any{"did": u.did, "password": u.pass}).fails(t, 403, "Forbidden")
-	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": "wrong password"}).fails(t, 401, "AuthenticationRequired")
-	e.post(t, "com.atproto.server.requestAccountDelete", u.access, nil).fails(t, 501, "MethodNotImplemented")
-	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": u.pass}).ok(t)
+	// Deletion: password plus the mailed code (held: no SMTP here).
+	e.post(t, "com.atproto.server.requestAccountDelete", u.access, nil).ok(t)
+	code := e.heldCode(t, u.did, email.PurposeDeleteAccount)
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass}).fails(t, 400, "InvalidRequest")
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": "wrong password", "token": code}).fails(t, 401, "AuthenticationRequired")
+	// Another account's code does not delete this one (both have the same password here).
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": other.did, "password": other.pass, "token": code}).fails(t, 400, "InvalidToken")
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass, "token": "AAAAA-AAAAA"}).fails(t, 400, "InvalidToken")
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass, "token": code}).ok(t)
 
 	var n int
 	for _, table := range []string{"accounts", "repo_roots", "repo_nodes", "records", "refresh_tokens"} {
@@ -505,14 +510,16 @@ func TestDeleteAccountCleaners(t *testing.T) {
 	cl := &recordingCleaner{fail: true}
 	e := newAccountEnv(t, envOptions{cleaners: []account.Cleaner{cl}})
 	u := e.createUser(t)
+	e.post(t, "com.atproto.server.requestAccountDelete", u.access, nil).ok(t)
+	code := e.heldCode(t, u.did, email.PurposeDeleteAccount)
 	before := e.rowCounts(t)
-	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": u.pass}).
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass, "token": code}).
 		fails(t, http.StatusInternalServerError, "InternalServerError")
 	require.Equal(t, before, e.rowCounts(t), "a failing cleaner aborts the whole deletion")
 	cl.mu.Lock()
 	cl.fail = false
 	cl.mu.Unlock()
-	e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did, "password": u.pass}).ok(t)
+	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass, "token": code}).ok(t)
 	require.Equal(t, []syntax.DID{u.did}, cl.dids)
 }
 

@@ -99,8 +99,7 @@ func inviteCodeView(c *account.InviteCode) *comatproto.ServerDefs_InviteCode {
 }
 
 // accountView is com.atproto.admin.defs#accountView. Bulwark keeps no
-// email confirmation time nor deactivation time, so emailConfirmedAt and
-// deactivatedAt are left out rather than guessed.
+// deactivation time, so deactivatedAt is left out rather than guessed.
 func accountView(a *account.Account, d *account.AdminDetails) *comatproto.AdminDefs_AccountView {
 	invitesDisabled := a.InvitesDisabled
 	v := &comatproto.AdminDefs_AccountView{
@@ -110,6 +109,10 @@ func accountView(a *account.Account, d *account.AdminDetails) *comatproto.AdminD
 	if a.Email != "" {
 		email := a.Email
 		v.Email = &email
+	}
+	if a.EmailConfirmedAt != nil {
+		at := datetime(*a.EmailConfirmedAt)
+		v.EmailConfirmedAt = &at
 	}
 	if d == nil {
 		return v
@@ -280,7 +283,7 @@ func (s *Server) handleAdminUpdateAccountPassword(w http.ResponseWriter, r *http
 		return InvalidRequest("did: %v", err)
 	}
 	// The password itself never reaches the audit log.
-	opt := audited("updateAccountPassword", did.String(), nil, map[string]any{"password": "changed", "sessions": "ended"})
+	opt := audited("updateAccountPassword", did.String(), nil, map[string]any{"password": "changed", "sessions": "ended", "appPasswords": "revoked"})
 	err = s.accounts.SetPassword(r.Context(), did, in.Password, opt)
 	if err := s.adminDone(r.Context(), "updateAccountPassword", did.String(), err); err != nil {
 		return err

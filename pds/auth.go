@@ -9,6 +9,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/proxy"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -29,6 +30,7 @@ func tokenInvalid(msg string) *XRPCError {
 // authPolicy is what requireAuth accepts beyond a valid, live session.
 type authPolicy struct {
 	allowDeactivated bool
+	allowTakendown   bool
 	fullAccess       bool // the account password, not an app password
 	privileged       bool // full access or a privileged app password
 	// oauth is what an OAuth session needs (nil: transition:generic, or
@@ -42,6 +44,10 @@ type authOption func(*authPolicy)
 // allowDeactivated lets a deactivated account through (getSession,
 // activateAccount, checkAccountStatus, deleteSession...).
 func allowDeactivated() authOption { return func(p *authPolicy) { p.allowDeactivated = true } }
+
+// allowTakendown lets a taken-down account through (getServiceAuth, which
+// then allows it only what it needs to move away).
+func allowTakendown() authOption { return func(p *authPolicy) { p.allowTakendown = true } }
 
 // fullAccessOnly refuses app-password sessions: account management.
 func fullAccessOnly() authOption { return func(p *authPolicy) { p.fullAccess = true } }
@@ -109,7 +115,7 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 		return nil, err
 	}
 	switch {
-	case a.Status == account.StatusTakendown:
+	case a.Status == account.StatusTakendown && !p.allowTakendown:
 		return nil, account.ErrAccountTakendown
 	case a.Status == account.StatusDeactivated && !p.allowDeactivated:
 		return nil, account.ErrAccountDeactivated
@@ -119,6 +125,26 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 		return nil, tokenInvalid("bad token scope: this method needs a privileged app password or the account password")
 	}
 	return a, nil
+}
+
+// proxyCaller is who a proxied request comes from, for the service token
+// the proxy mints and its policy. Credentials are optional: a request
+// without an Authorization header is anonymous and goes upstream without
+// a token; credentials that are present must be valid, or the request is
+// refused here as any authenticated method refuses them. A deactivated
+// account may still read through the proxy (as the reference PDS allows,
+// for an account migrating away); a taken-down one may not. Privileged is
+// a full-access session or a privileged app password. Other kinds of
+// credentials extend this one function.
+func (s *Server) proxyCaller(r *http.Request) (proxy.Caller, error) {
+	if r.Header.Get("Authorization") == "" {
+		return proxy.Caller{}, nil
+	}
+	a, err := s.requireAuth(r, allowDeactivated())
+	if err != nil {
+		return proxy.Caller{}, err
+	}
+	return proxy.Caller{DID: a.DID, Authenticated: true, Privileged: a.Privileged()}, nil
 }
 
 // requireRepoAuth is requireAuth for a write to repo (a DID or handle): the

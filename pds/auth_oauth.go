@@ -5,8 +5,11 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/proxy"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -165,8 +168,8 @@ func checkRepoScope(a *account.Auth, writes []repo.Write, extra ...string) error
 // a grant of rpc: permissions alone gets this far.
 func checkRPCAccess(a *account.Auth, lxm, aud string) error {
 	if a.OAuth == nil {
-		if lxm != "" && privilegedMethod(lxm) && !a.Privileged() {
-			return InvalidRequest("insufficient access for %s: it needs the account password or a privileged app password", lxm)
+		if lxm != "" && proxy.IsPrivileged(syntax.NSID(lxm)) && !a.Privileged() {
+			return InvalidRequest("insufficient access to request a service auth token for %s", lxm)
 		}
 		return nil
 	}

@@ -39,6 +39,9 @@ var sweepSchemas = map[string]lexSchema{
 		"subject": {Type: "string"}, "before": {Type: "integer"}, "limit": {Type: "integer"},
 	}},
 	AdminNSIDPrefix + "listConsumers": {},
+	AdminNSIDPrefix + "getPendingEmailTokens": {params: map[string]lexProp{
+		"account": {Type: "string", Format: "at-identifier"},
+	}},
 	AdminNSIDPrefix + "rewriteEventAsSync": {encoding: "application/json", fields: map[string]lexProp{
 		"seq": {Type: "integer"}, "reason": {Type: "string"},
 	}},
@@ -53,6 +56,9 @@ var sweepSchemas = map[string]lexSchema{
 	}},
 	AdminNSIDPrefix + "repairOversizedEvents": {encoding: "application/json", fields: map[string]lexProp{
 		"reason": {Type: "string"},
+	}},
+	AdminNSIDPrefix + "importRepo": {encoding: "application/vnd.ipld.car", params: map[string]lexProp{
+		"did": {Type: "string", Format: "did"}, "reason": {Type: "string"},
 	}},
 }
 

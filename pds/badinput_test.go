@@ -137,9 +137,8 @@ func sweepMethod(t *testing.T, sw *sweeper, nsid string, m *method) []string {
 	// A probe with no input tells which credentials the method wants: a
 	// mode it answers 401 gets the short list only, and an HTTP Basic
 	// challenge adds the admin's. It also tells a method this server
-	// registers but does not implement (requestAccountDelete: no email),
-	// which answers 501 MethodNotImplemented whatever the input: not a
-	// failure on bad input.
+	// registers but does not implement, which answers 501
+	// MethodNotImplemented whatever the input: not a failure on bad input.
 	probe := sweepCase{name: "probe", verb: verb}
 	if verb == http.MethodPost {
 		probe.body, probe.ctype = []byte("{}"), "application/json"

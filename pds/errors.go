@@ -11,6 +11,7 @@ import (
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -194,6 +195,19 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrInvalidAppPassword, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAppPasswordNotFound, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrAccountNotFound, status: http.StatusBadRequest, name: "AccountNotFound"},
+	{sentinel: account.ErrAccountExists, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrIncompatibleDIDDoc, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrInvalidPLCOperation, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrInvalidPreferences, status: http.StatusBadRequest, name: "InvalidRequest"},
+
+	// Mailed codes and the mail flows, named as the reference PDS names
+	// them.
+	{sentinel: email.ErrTokenExpired, status: http.StatusBadRequest, name: "ExpiredToken"},
+	{sentinel: email.ErrTokenInvalid, status: http.StatusBadRequest, name: "InvalidToken"},
+	{sentinel: account.ErrTokenRequired, status: http.StatusBadRequest, name: "TokenRequired"},
+	{sentinel: account.ErrEmailMismatch, status: http.StatusBadRequest, name: "InvalidEmail"},
+	{sentinel: account.ErrNoEmail, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: email.ErrInvalidMessage, status: http.StatusBadRequest, name: "InvalidRequest"},
 
 	// The repository engine.
 	{sentinel: repo.ErrLimitExceeded, status: http.StatusBadRequest, name: "InvalidRequest", build: limitExceeded},
@@ -202,9 +216,16 @@ var domainErrors = []errorMapping{
 	{sentinel: repo.ErrRepoNotFound, status: http.StatusBadRequest, name: "RepoNotFound"},
 	{sentinel: repo.ErrRecordExists, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: repo.ErrInvalidWrite, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: repo.ErrInvalidImport, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: repo.ErrImportTooLarge, status: http.StatusRequestEntityTooLarge, name: "PayloadTooLarge"},
+	{sentinel: repo.ErrImportRead, status: http.StatusBadRequest, name: "InvalidRequest", build: func(err error) *XRPCError {
+		return InvalidRequest("the repository CAR did not arrive whole: %v", err)
+	}},
 
 	// The PLC directory.
 	{sentinel: plc.ErrNotControlled, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: plc.ErrTombstoned, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: plc.ErrInvalidOperation, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: plc.ErrDirectory, status: http.StatusBadGateway, name: "UpstreamFailure", build: func(err error) *XRPCError {
 		e := UpstreamFailure("the PLC directory did not accept the operation; nothing was changed")
 		e.Err = err

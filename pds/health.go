@@ -55,7 +55,7 @@ func (s *Server) handleDescribeServer(w http.ResponseWriter, r *http.Request) er
 	if s.cfg.ContactEmail != "" {
 		out.Contact = &comatproto.ServerDescribeServer_Contact{Email: optional(s.cfg.ContactEmail)}
 	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, s.describeServer(&out))
 }
 
 // optional is nil for "", else a pointer to s: lexicon types mark optional

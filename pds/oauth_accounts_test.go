@@ -82,7 +82,7 @@ func TestOAuthAccountChangesEndGrants(t *testing.T) {
 			e.adminProc(t, "updateAccountPassword", map[string]any{"did": u.did.String(), "password": "a new password"}).ok(t)
 		}},
 		{"deletion", func(u *user) {
-			e.post(t, "com.atproto.server.deleteAccount", u.access, map[string]any{"did": u.did.String(), "password": u.pass}).ok(t)
+			e.adminProc(t, "deleteAccount", map[string]any{"did": u.did.String()}).ok(t)
 		}},
 	}
 	for _, c := range changes {

@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/auth"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/time/rate"
 
@@ -46,7 +47,9 @@ import (
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/priority"
+	"github.com/bulwark-pds/bulwark/proxy"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -122,6 +125,14 @@ type Options struct {
 	// XRPC method accept its DPoP-bound access tokens within their
 	// granted scope. Needs Accounts.
 	OAuth *oauth.Config
+	// Outbound is the shared client for URLs users influence (service
+	// proxying, handle and did:web resolution), built with
+	// Config.ProxyAllowPrivate. Nil: no service proxying; methods this
+	// server does not serve answer 501.
+	Outbound *outbound.Client
+	// Keys signs the service-auth tokens proxied requests carry (the
+	// account KeyStore). Nil: proxied requests carry no token.
+	Keys proxy.KeySource
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -148,8 +159,10 @@ type Server struct {
 	// afterwards, so it needs no lock.
 	methods map[string]*method
 	// unknownMethod answers /xrpc/ paths with no registered method:
-	// MethodNotImplemented, until the app-view proxy takes it over.
+	// serveProxy when the proxy is on, else MethodNotImplemented.
 	unknownMethod handlerFunc
+	// proxy forwards the methods this server does not serve (nil: off).
+	proxy *proxy.Proxy
 
 	shutdownMu    sync.Mutex
 	shutdownHooks []func()
@@ -161,6 +174,9 @@ type Server struct {
 	accounts  *account.Service
 	repo      *repo.Engine
 	directory identityResolver
+	// serviceAuth checks service-auth JWTs addressed to this server
+	// (createAccount for an existing DID).
+	serviceAuth *auth.ServiceAuthValidator
 
 	blobs *blob.Service
 	// oauth is the OAuth authorization server (nil: no OAuth).
@@ -211,7 +227,15 @@ func New(opts Options) (*Server, error) {
 		s.holdRefused = opts.holdRefused
 	}
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
+	s.serviceAuth = newServiceAuthValidator(opts.Config, logger)
 	s.blobs = opts.Blobs
+	p, err := newProxy(opts, logger)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		s.proxy, s.unknownMethod = p, s.serveProxy
+	}
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
 	if opts.Config != nil && opts.Config.ExportRate > 0 {
@@ -249,11 +273,16 @@ func (s *Server) routes() {
 	// Operations.
 	s.query("_health", s.handleHealth)
 	s.registerAdminFirehoseRoutes()
+	s.registerAdminCrawlRoutes()
 	s.registerAdminAccountRoutes()
 	s.registerAccountRoutes()
+	s.registerEmailRoutes()
 	s.registerSessionRoutes()
 	s.registerIdentityRoutes()
+	s.registerPLCRoutes()
+	s.registerPreferenceRoutes()
 	s.registerRepoRoutes()
+	s.registerImportRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
 	// Writes first: background streams pause while these are in flight.

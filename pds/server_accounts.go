@@ -27,7 +27,6 @@ func (s *Server) registerAccountRoutes() {
 	s.procedure("com.atproto.server.deactivateAccount", s.handleDeactivateAccount)
 	s.query("com.atproto.server.checkAccountStatus", s.handleCheckAccountStatus)
 	s.procedure("com.atproto.server.deleteAccount", s.handleDeleteAccount)
-	s.procedure("com.atproto.server.requestAccountDelete", s.handleRequestAccountDelete)
 }
 
 type createAccountInput struct {
@@ -68,15 +67,26 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	if in.Password == "" {
 		return newError(http.StatusBadRequest, "InvalidPassword", "password is required")
 	}
+	if in.DID != "" {
+		// An account moving here: the requester must prove control of
+		// the DID before anything is stored.
+		if err := s.verifyMigrationAuth(r, in.DID); err != nil {
+			return err
+		}
+	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
 		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID,
 	})
 	if err != nil {
 		return err
 	}
-	doc, err := s.didDoc(r.Context(), a)
-	if err != nil {
-		return err
+	var doc *didDocument
+	if in.DID == "" {
+		// A moving account's document still names its old server until
+		// submitPlcOperation; none is made up for it.
+		if doc, err = s.didDoc(r.Context(), a); err != nil {
+			return err
+		}
 	}
 	return writeJSON(w, http.StatusOK, createAccountOutput{
 		AccessJwt: sess.AccessJwt, RefreshJwt: sess.RefreshJwt, Handle: a.Handle.String(), DID: a.DID.String(), DIDDoc: doc,
@@ -259,7 +269,13 @@ func (s *Server) handleActivateAccount(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
-	if err := s.accounts.SetStatus(r.Context(), auth.DID, account.StatusActive); err != nil {
+	// As the reference PDS does: an account whose DID document does not
+	// name this server (a move not finished) is not announced as hosted
+	// here.
+	if err := s.accounts.CheckDIDDocument(r.Context(), auth.DID); err != nil {
+		return err
+	}
+	if err := s.accounts.Activate(r.Context(), auth.DID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)
@@ -308,19 +324,29 @@ func (s *Server) handleCheckAccountStatus(w http.ResponseWriter, r *http.Request
 	if err != nil {
 		return err
 	}
-	out := checkAccountStatusOutput{Activated: auth.Status == account.StatusActive, ValidDid: true}
+	ctx := r.Context()
+	out := checkAccountStatusOutput{Activated: auth.Status == account.StatusActive}
+	// validDid: whether the DID document makes this server the account's
+	// PDS (false too when the directory cannot be reached).
+	out.ValidDid = s.accounts.CheckDIDDocument(ctx, auth.DID) == nil
 	if s.repo != nil {
-		head, err := s.repo.GetHead(r.Context(), auth.DID)
+		head, err := s.repo.GetHead(ctx, auth.DID)
 		if err != nil {
 			return err
 		}
-		n, err := s.repo.CountRecords(r.Context(), auth.DID)
-		if err != nil {
+		if out.IndexedRecords, err = s.repo.CountRecords(ctx, auth.DID); err != nil {
 			return err
 		}
-		out.RepoCommit, out.RepoRev, out.IndexedRecords = head.Commit.String(), head.Rev, n
-		// Blocks: records plus the commit; MST nodes are not counted here.
-		out.RepoBlocks = n + 1
+		if out.RepoBlocks, err = s.repo.CountBlocks(ctx, auth.DID); err != nil {
+			return err
+		}
+		out.RepoCommit, out.RepoRev = head.Commit.String(), head.Rev
+	}
+	if s.blobs != nil {
+		var err error
+		if out.ExpectedBlobs, out.ImportedBlobs, err = s.blobs.Counts(ctx, auth.DID); err != nil {
+			return err
+		}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -331,12 +357,11 @@ type deleteAccountInput struct {
 	Token    string `json:"token"`
 }
 
-// handleDeleteAccount deletes an account given its DID and password. The
-// reference PDS also wants an emailed token (requestAccountDelete); this
-// server sends no email yet, so instead of the token it accepts a
-// full-access session of the same account (Authorization: Bearer), which
-// proves the same thing: someone logged in with the password right now
-// wants this. Without either, the request is refused.
+// handleDeleteAccount deletes an account given its DID, its password and
+// a delete_account code mailed by requestAccountDelete, as the reference
+// PDS does; no session is needed. A wrong password is 401 whether or not
+// the account exists; a wrong or used code is 400 InvalidToken, an
+// expired one ExpiredToken, and neither deletes anything.
 func (s *Server) handleDeleteAccount(w http.ResponseWriter, r *http.Request) error {
 	if err := s.limitIP(w, r, policyDeleteAccount); err != nil {
 		return err
@@ -352,26 +377,15 @@ func (s *Server) handleDeleteAccount(w http.ResponseWriter, r *http.Request) err
 	if in.Password == "" {
 		return InvalidRequest("password is required")
 	}
-	auth, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
-	if err != nil {
-		if in.Token != "" {
-			return newError(http.StatusBadRequest, "InvalidToken", "account-deletion tokens are not issued by this server (no email); call deleteAccount with a session of the account instead")
-		}
-		return err
+	if in.Token == "" {
+		return InvalidRequest("token is required: request one with com.atproto.server.requestAccountDelete")
 	}
-	if auth.DID != did {
-		return Forbidden("a session may only delete its own account")
+	if len(in.Password) > account.MaxPasswordLength {
+		return account.ErrAuthFailed
 	}
-	if err := s.accounts.CheckPassword(r.Context(), did, in.Password); err != nil {
-		return err
-	}
-	if err := s.accounts.Delete(r.Context(), did); err != nil {
+	if err := s.accounts.DeleteWithCode(r.Context(), did, in.Password, in.Token); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)
 	return nil
-}
-
-func (s *Server) handleRequestAccountDelete(w http.ResponseWriter, r *http.Request) error {
-	return MethodNotImplemented("this server sends no email yet: delete the account with com.atproto.server.deleteAccount and a session of the account")
 }

@@ -20,7 +20,9 @@ func (s *Server) registerSessionRoutes() {
 }
 
 // sessionOutput is the shape createSession, refreshSession and getSession
-// share (fields each lexicon marks optional are omitted when empty).
+// share (fields each lexicon marks optional are omitted when empty). The
+// email fields are shown to sessions of the account password and of
+// privileged app passwords only.
 type sessionOutput struct {
 	AccessJwt       string       `json:"accessJwt,omitempty"`
 	RefreshJwt      string       `json:"refreshJwt,omitempty"`
@@ -47,8 +49,10 @@ func (s *Server) sessionOutput(r *http.Request, a *account.Account, sess *accoun
 		out.AccessJwt, out.RefreshJwt = sess.AccessJwt, sess.RefreshJwt
 	}
 	if withEmail && a.Email != "" {
-		no := false
-		out.Email, out.EmailConfirmed, out.EmailAuthFactor = a.Email, &no, &no
+		// Email as a second sign-in factor is not offered (updateEmail
+		// refuses to turn it on).
+		confirmed, authFactor := a.EmailConfirmedAt != nil, false
+		out.Email, out.EmailConfirmed, out.EmailAuthFactor = a.Email, &confirmed, &authFactor
 	}
 	return out, nil
 }
@@ -119,7 +123,12 @@ func (s *Server) handleRefreshSession(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	out, err := s.sessionOutput(r, a, sess, false)
+	// The new access token says what kind of session this is.
+	withEmail := false
+	if au, err := s.accounts.ParseAccess(sess.AccessJwt); err == nil {
+		withEmail = au.Privileged()
+	}
+	out, err := s.sessionOutput(r, a, sess, withEmail)
 	if err != nil {
 		return err
 	}

@@ -271,7 +271,9 @@ func TestDescribeServer(t *testing.T) {
 			"did": "did:web:localhost%3A2583",
 			"availableUserDomains": [".test"],
 			"inviteCodeRequired": false,
-			"phoneVerificationRequired": false
+			"phoneVerificationRequired": false,
+			"blobUploadLimit": 104857600,
+			"emailAvailable": false
 		}`, string(body))
 	})
 	t.Run("configured", func(t *testing.T) {
@@ -292,7 +294,9 @@ func TestDescribeServer(t *testing.T) {
 			"inviteCodeRequired": true,
 			"phoneVerificationRequired": false,
 			"links": {"privacyPolicy": "https://example.com/privacy", "termsOfService": "https://example.com/tos"},
-			"contact": {"email": "admin@example.com"}
+			"contact": {"email": "admin@example.com"},
+			"blobUploadLimit": 104857600,
+			"emailAvailable": false
 		}`, string(body))
 	})
 }

@@ -9,35 +9,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/proxy"
 )
-
-// protectedMethods are account-management methods a service-auth token is
-// never issued for: they must be called directly with a session (the
-// reference PDS's PROTECTED_METHODS).
-var protectedMethods = map[string]bool{
-	"com.atproto.admin.sendEmail":                       true,
-	"com.atproto.identity.requestPlcOperationSignature": true,
-	"com.atproto.identity.signPlcOperation":             true,
-	"com.atproto.identity.updateHandle":                 true,
-	"com.atproto.server.activateAccount":                true,
-	"com.atproto.server.confirmEmail":                   true,
-	"com.atproto.server.createAppPassword":              true,
-	"com.atproto.server.deactivateAccount":              true,
-	"com.atproto.server.getAccountInviteCodes":          true,
-	"com.atproto.server.getSession":                     true,
-	"com.atproto.server.listAppPasswords":               true,
-	"com.atproto.server.requestAccountDelete":           true,
-	"com.atproto.server.requestEmailConfirmation":       true,
-	"com.atproto.server.requestEmailUpdate":             true,
-	"com.atproto.server.revokeAppPassword":              true,
-	"com.atproto.server.updateEmail":                    true,
-}
-
-// privilegedMethods need a full-access or privileged app-password session
-// (the reference PDS's PRIVILEGED_METHODS: chat, and createAccount).
-func privilegedMethod(lxm string) bool {
-	return strings.HasPrefix(lxm, "chat.bsky.") || lxm == "com.atproto.server.createAccount"
-}
 
 // registerServiceAuthRoutes registers com.atproto.server.getServiceAuth.
 func (s *Server) registerServiceAuthRoutes() {
@@ -47,8 +20,12 @@ func (s *Server) registerServiceAuthRoutes() {
 	s.query("com.atproto.server.getServiceAuth", s.handleGetServiceAuth)
 }
 
+// createAccountNSID is the one method a taken-down account may mint a
+// service-auth token for: moving to another server.
+const createAccountNSID = "com.atproto.server.createAccount"
+
 func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, oauthAnyGrant())
+	auth, err := s.requireAuth(r, allowTakendown(), oauthAnyGrant())
 	if err != nil {
 		return err
 	}
@@ -63,11 +40,17 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 	if _, err := syntax.ParseDID(did); err != nil {
 		return InvalidRequest("aud must be a DID or a did#service reference, not %q", aud)
 	}
+	if auth.Status == account.StatusTakendown && lxm != createAccountNSID {
+		return tokenInvalid("Bad token scope: a taken-down account may only request a service auth token for " + createAccountNSID)
+	}
 	if lxm != "" {
-		if _, err := syntax.ParseNSID(lxm); err != nil {
+		nsid, err := syntax.ParseNSID(lxm)
+		if err != nil {
 			return InvalidRequest("lxm %q is not an NSID", lxm)
 		}
-		if protectedMethods[lxm] {
+		// The service proxy's policy: what it never forwards, no token is
+		// minted for either.
+		if proxy.IsProtected(nsid) {
 			return InvalidRequest("cannot request a service auth token for the protected method %s", lxm)
 		}
 	}

@@ -103,7 +103,7 @@ func TestSubscribeEndToEnd(t *testing.T) {
 	e.post(t, "com.atproto.server.activateAccount", users[1].access, nil).ok(t)
 	e.post(t, "com.atproto.repo.createRecord", users[1].access, map[string]any{
 		"repo": users[1].did, "collection": "app.bsky.feed.post", "record": post("back")}).ok(t)
-	e.post(t, "com.atproto.server.deleteAccount", users[2].access, map[string]any{"did": users[2].did, "password": users[2].pass}).ok(t)
+	e.deleteOwnAccount(t, users[2]).ok(t)
 
 	var want []int64
 	var readErr error

@@ -113,6 +113,12 @@ func (s *Server) availableRepo(ctx context.Context, did syntax.DID) (*repoStatus
 	if err != nil {
 		return nil, err
 	}
+	return st.servable(did)
+}
+
+// servable returns st when its account is active, else the refusal the
+// sync lexicons name.
+func (st *repoStatus) servable(did syntax.DID) (*repoStatus, error) {
 	switch st.status {
 	case account.StatusActive:
 		return st, nil
@@ -148,7 +154,7 @@ func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
 		return gerr
 	}
 	defer release()
-	if _, err := s.availableRepo(r.Context(), did); err != nil {
+	if _, err := s.availableRepoFor(r, did); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", carContentType)
@@ -193,7 +199,7 @@ func (s *Server) serveCachedRepo(w http.ResponseWriter, r *http.Request, did syn
 		return err
 	}
 	defer release()
-	st, err := s.availableRepo(ctx, did)
+	st, err := s.availableRepoFor(r, did)
 	if err != nil {
 		return err
 	}
@@ -243,7 +249,7 @@ func (s *Server) handleGetLatestCommit(w http.ResponseWriter, r *http.Request) e
 	if err := p.Err(); err != nil {
 		return err
 	}
-	st, err := s.availableRepo(r.Context(), did)
+	st, err := s.availableRepoFor(r, did)
 	if err != nil {
 		return err
 	}
@@ -274,7 +280,7 @@ func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	defer release()
-	if _, err := s.availableRepo(r.Context(), did); err != nil {
+	if _, err := s.availableRepoFor(r, did); err != nil {
 		return err
 	}
 	if err := s.recordServable(r.Context(), did, coll, rkey); err != nil {
@@ -320,7 +326,7 @@ func (s *Server) handleGetBlocks(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer res.Release()
-	st, err := s.availableRepo(r.Context(), did)
+	st, err := s.availableRepoFor(r, did)
 	if err != nil {
 		return err
 	}
@@ -447,7 +453,7 @@ func (s *Server) handleListBlobs(w http.ResponseWriter, r *http.Request) error {
 			return InvalidRequest("parameter \"since\" must be a repo rev (a TID): %v", err)
 		}
 	}
-	if _, err := s.availableRepo(r.Context(), did); err != nil {
+	if _, err := s.availableRepoFor(r, did); err != nil {
 		return err
 	}
 	cids, next, err := s.blobs.ListBlobs(r.Context(), did, since, cursor, int(limit))
@@ -486,7 +492,7 @@ func (s *Server) handleGetBlob(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer release()
-	if _, err := s.availableRepo(r.Context(), did); err != nil {
+	if _, err := s.availableRepoFor(r, did); err != nil {
 		return err
 	}
 	if err := s.blobServable(r.Context(), did, c); err != nil {

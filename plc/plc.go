@@ -20,6 +20,12 @@ var (
 	// ErrNotControlled means the DID's current rotation keys do not include
 	// this server's: it cannot update the identity.
 	ErrNotControlled = errors.New("this server's rotation key cannot update the DID")
+	// ErrRejected means the directory answered a submitted operation with
+	// a 4xx: the operation itself is wrong (a bad signature, a stale prev,
+	// a malformed field). It always comes with ErrDirectory.
+	ErrRejected = errors.New("plc directory rejected the operation")
+	// ErrTombstoned means the DID has been deactivated for good.
+	ErrTombstoned = errors.New("the DID is tombstoned")
 )
 
 // ServiceID and ServiceType name the PDS entry of a DID document.
@@ -108,7 +114,9 @@ func (c *Client) regularOp(id Identity, prev *string) *didplc.RegularOp {
 
 // Submit sends a signed operation for did to the directory. An operation
 // that would publish an http:// PDS endpoint in a public directory is
-// refused (ErrInsecureEndpoint, wrapped in ErrDirectory) without sending.
+// refused (ErrInsecureEndpoint, wrapped in ErrDirectory) without sending. A
+// 4xx answer is ErrRejected (with the directory's message); any failure is
+// ErrDirectory.
 func (c *Client) Submit(ctx context.Context, did syntax.DID, op didplc.Operation) error {
 	if reg, ok := op.(*didplc.RegularOp); ok {
 		if svc, ok := reg.Services[ServiceID]; ok {
@@ -117,10 +125,7 @@ func (c *Client) Submit(ctx context.Context, did syntax.DID, op didplc.Operation
 			}
 		}
 	}
-	if err := c.dir.Submit(ctx, did.String(), op); err != nil {
-		return fmt.Errorf("%w: %v", ErrDirectory, err)
-	}
-	return nil
+	return c.post(ctx, did, op)
 }
 
 // UpdateHandle changes the handle in did's document, keeping everything
@@ -140,45 +145,9 @@ func (c *Client) UpdateHandle(ctx context.Context, did syntax.DID, handle syntax
 // update applies change to the document's last operation and submits the
 // result as the next operation.
 func (c *Client) update(ctx context.Context, did syntax.DID, change func(*didplc.RegularOp)) error {
-	log, err := c.dir.OpLog(ctx, did.String())
+	next, err := c.signNext(ctx, did, change)
 	if err != nil {
-		return fmt.Errorf("%w: reading the log of %s: %v", ErrDirectory, did, err)
-	}
-	if len(log) == 0 {
-		return fmt.Errorf("%w: %s has an empty log", ErrDirectory, did)
-	}
-	last := log[len(log)-1].AsOperation()
-	prevOp, ok := last.(*didplc.RegularOp)
-	if !ok {
-		return fmt.Errorf("%w: the last operation of %s is not a plc_operation", ErrNotControlled, did)
-	}
-	controlled := false
-	for _, k := range prevOp.RotationKeys {
-		if k == c.rotationDID {
-			controlled = true
-		}
-	}
-	if !controlled {
-		return fmt.Errorf("%w: %s", ErrNotControlled, did)
-	}
-	prev := last.CID().String()
-	next := &didplc.RegularOp{
-		Type:                "plc_operation",
-		RotationKeys:        append([]string(nil), prevOp.RotationKeys...),
-		VerificationMethods: map[string]string{},
-		AlsoKnownAs:         append([]string(nil), prevOp.AlsoKnownAs...),
-		Services:            map[string]didplc.OpService{},
-		Prev:                &prev,
-	}
-	for k, v := range prevOp.VerificationMethods {
-		next.VerificationMethods[k] = v
-	}
-	for k, v := range prevOp.Services {
-		next.Services[k] = v
-	}
-	change(next)
-	if err := next.Sign(c.rotationKey); err != nil {
-		return fmt.Errorf("signing plc operation: %w", err)
+		return err
 	}
 	return c.Submit(ctx, did, next)
 }

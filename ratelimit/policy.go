@@ -37,9 +37,20 @@ const (
 	PolicyUpdateHandle = "updateHandle"
 	// PolicyDeleteAccount is keyed by IP.
 	PolicyDeleteAccount = "deleteAccount"
-	// PolicyResetPassword covers requestPasswordReset and resetPassword,
-	// keyed by IP.
+	// PolicyResetPassword is keyed by IP.
 	PolicyResetPassword = "resetPassword"
+	// PolicyRequestPasswordReset is keyed by IP: each call may mail a code.
+	PolicyRequestPasswordReset = "requestPasswordReset"
+	// PolicyRequestEmailConfirmation is keyed by DID.
+	PolicyRequestEmailConfirmation = "requestEmailConfirmation"
+	// PolicyRequestEmailUpdate is keyed by DID.
+	PolicyRequestEmailUpdate = "requestEmailUpdate"
+	// PolicyRequestAccountDelete is keyed by DID.
+	PolicyRequestAccountDelete = "requestAccountDelete"
+	// PolicyRequestPlcOperationSignature is keyed by DID. The reference
+	// PDS has no limit here; every call mails a code, so it gets the
+	// other mail requests' limits.
+	PolicyRequestPlcOperationSignature = "requestPlcOperationSignature"
 	// PolicyRepoWrite is the per-account write points (WriteCost*), keyed
 	// by DID.
 	PolicyRepoWrite = "repoWrite"
@@ -51,6 +62,10 @@ const (
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
 	const fiveMin = 5 * time.Minute
+	// An account's requests for a mailed code.
+	mailRequest := func() []Rule {
+		return []Rule{{Name: "hour", Limit: 5, Window: time.Hour}, {Name: "day", Limit: 15, Window: Day}}
+	}
 	return map[string][]Rule{
 		PolicyGlobal:        {{Name: "5m", Limit: 3000, Window: fiveMin}},
 		PolicyGetRepo:       {{Name: "5m", Limit: 6000, Window: fiveMin}},
@@ -61,6 +76,12 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyDeleteAccount: {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyResetPassword: {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyRepoWrite:     {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
+
+		PolicyRequestPasswordReset:         {{Name: "hour", Limit: 15, Window: time.Hour}, {Name: "day", Limit: 50, Window: Day}},
+		PolicyRequestEmailConfirmation:     mailRequest(),
+		PolicyRequestEmailUpdate:           mailRequest(),
+		PolicyRequestAccountDelete:         mailRequest(),
+		PolicyRequestPlcOperationSignature: mailRequest(),
 	}
 }
 

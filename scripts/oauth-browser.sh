@@ -15,7 +15,7 @@
 # the work dir).
 set -euo pipefail
 
-PDS_PORT=${PDS_PORT:-2695}
+PDS_PORT=${PDS_PORT:-2697}
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 root=$(cd "$(dirname "$0")/.." && pwd)
 

@@ -14,21 +14,22 @@ import (
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
-// newAccountStack builds the repository engine and the account service
-// over pool. waker (the firehose sequencer) may be nil. The signing-key
+// newAccountStack builds the repository engine, the account service and
+// the signing-key store they share over pool. waker (the firehose sequencer) may be nil. The signing-key
 // store is sealed with a key derived from the PLC rotation key (see
 // account.KeyStore for why that secret). cleaners run inside every account
 // deletion (the blob service's references, ...). plcHTTP carries the PLC
 // client's requests; nil means an ordinary client (the development PLC
-// passes its in-process one).
-func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, error) {
+// passes its in-process one). The account service's Mailer (newMailer) is
+// built here too; the caller runs its worker.
+func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, *account.KeyStore, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	keys, err := account.NewKeyStore(pool, rotation.Bytes())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if repoCfg.Logger == nil {
 		repoCfg.Logger = logger
@@ -36,7 +37,11 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	engine := repo.New(pool, keys, waker, repoCfg)
 	plcClient, err := plc.NewClient(cfg.PLCURL, rotation, plcHTTP)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	mailer, err := newMailer(cfg, pool, logger)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	accounts, err := account.New(account.Config{
 		Pool:           pool,
@@ -50,13 +55,14 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		ServiceDID:     cfg.ServiceDID(),
 		JWTSecret:      []byte(cfg.JWTSecret),
 		Cleaners:       cleaners,
-		// A takedown or a password reset ends the account's OAuth grants
-		// with its sessions; deleting the account deletes them with it.
+		Logger:         logger,
+		Mail:           mailer,
+		// A takedown or a password change ends the account's OAuth
+		// grants with its sessions; deleting the account deletes them.
 		SessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
-		Logger:        logger,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("accounts: %w", err)
+		return nil, nil, nil, fmt.Errorf("accounts: %w", err)
 	}
-	return accounts, engine, nil
+	return accounts, engine, keys, nil
 }

@@ -8,13 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/bulwark-pds/bulwark/config"
@@ -25,52 +24,94 @@ import (
 // (bulwark-pds.github.io), which the project controls.
 const AdminNSIDPrefix = "io.github.bulwark-pds.admin."
 
-// adminClient calls admin XRPC methods of a running server with HTTP Basic
-// admin credentials.
-type adminClient struct {
-	base     string
+// DefaultAdminURL is the server `bulwark admin` talks to when neither
+// --url, BULWARK_ADMIN_URL nor BULWARK_LISTEN says otherwise.
+const DefaultAdminURL = "http://" + config.DefaultListen
+
+// adminTimeout bounds one admin call; repairs of a large firehose take a
+// while, so it is generous.
+const adminTimeout = 2 * time.Minute
+
+// maxAdminResponse bounds an admin answer read into memory.
+const maxAdminResponse = 64 << 20
+
+// errHelp means help was asked for and printed: exit 0.
+var errHelp = errors.New("help shown")
+
+// noCommandError means no known command was named: exit 2 with the command
+// list.
+type noCommandError string
+
+func (e noCommandError) Error() string { return string(e) }
+
+// usageError is a mistake on the command line: exit 2 with the usage.
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+// adminRun is one invocation of `bulwark admin`: how to reach the server,
+// how to print, and where.
+type adminRun struct {
+	url      string
 	password string
-	http     *http.Client
+	dataDir  string
+	json     bool
+	stdout   io.Writer
+	stderr   io.Writer
+
+	// passwordFrom says where the password came from, for the hint on a
+	// refused password.
+	passwordFrom string
+	client       *adminClient
+}
+
+// adminCommand is one leaf command: `bulwark admin <path> <args>`.
+type adminCommand struct {
+	path    string // "account info"
+	args    string // "ACCOUNT --yes", as the usage shows it
+	summary string
+	run     func(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error
+}
+
+// adminGroups are the commands by group, in the order the usage lists
+// them. A group with one command and no sub-name (audit, request-crawl)
+// runs that command directly.
+var adminGroups = []struct {
+	name     string
+	title    string
+	commands []*adminCommand
+}{
+	{"account", "Accounts (ACCOUNT is a DID or a handle)", accountCommands},
+	{"invite", "Invite codes", inviteCommands},
+	{"request-crawl", "Relays", crawlCommands},
+	{"firehose", "Firehose inspection and repair (each repair is transactional, idempotent\nand recorded in the audit log)", firehoseCommands},
+	{"audit", "Audit log of every admin write", auditCommands},
 }
 
 func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	serverURL := fs.String("url", envOr("BULWARK_ADMIN_URL", "http://127.0.0.1:2583"), "server base URL (env BULWARK_ADMIN_URL)")
-	password := fs.String("admin-password", os.Getenv("BULWARK_ADMIN_PASSWORD"), "admin password (env BULWARK_ADMIN_PASSWORD; default: read from <data-dir>/secrets)")
-	dataDir := fs.String("data-dir", envOr("BULWARK_DATA_DIR", "./data"), "data directory to read the generated admin password from")
-	fs.Usage = func() { adminUsage(stderr) }
-	if err := fs.Parse(args); err != nil {
-		return 2
+	a := &adminRun{
+		url:     adminURLFromEnv(),
+		dataDir: envOr("BULWARK_DATA_DIR", config.DefaultDataDir),
+		stdout:  stdout,
+		stderr:  stderr,
 	}
-	if *password == "" {
-		b, err := os.ReadFile(filepath.Join(*dataDir, config.SecretsDir, "admin-password"))
-		if err != nil {
-			fmt.Fprintf(stderr, "bulwark admin: no admin password: pass --admin-password or BULWARK_ADMIN_PASSWORD (%v)\n", err)
-			return 2
-		}
-		*password = strings.TrimSpace(string(b))
-	}
-	c := &adminClient{base: strings.TrimRight(*serverURL, "/"), password: *password, http: &http.Client{Timeout: 2 * time.Minute}}
-	rest := fs.Args()
-	if len(rest) < 1 {
-		adminUsage(stderr)
-		return 2
-	}
-	var err error
-	switch rest[0] {
-	case "firehose":
-		err = c.firehose(ctx, rest[1:], stdout)
-	case "audit":
-		err = c.audit(ctx, rest[1:], stdout)
-	default:
-		err = usageError(fmt.Sprintf("unknown admin command %q", rest[0]))
-	}
+	err := a.main(ctx, args)
 	var ue usageError
+	var ge *groupUsageError
+	var nc noCommandError
 	switch {
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", ue)
+	case errors.Is(err, errHelp):
+		return 0
+	case errors.As(err, &ge):
+		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", ge.msg)
+		groupUsage(stderr, ge.title, ge.cmds)
+		return 2
+	case errors.As(err, &nc):
+		fmt.Fprintf(stderr, "bulwark admin: %s\n\n", nc)
 		adminUsage(stderr)
+		return 2
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "bulwark admin: %s\n(\"bulwark admin COMMAND -h\" describes a command, \"bulwark admin -h\" lists them)\n", ue)
 		return 2
 	case err != nil:
 		fmt.Fprintf(stderr, "bulwark admin: %v\n", err)
@@ -79,149 +120,269 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
-type usageError string
+// main parses the leading flags and runs the command they are followed by.
+func (a *adminRun) main(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
+	a.commonFlags(fs)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			adminUsage(a.stdout)
+			return errHelp
+		}
+		return noCommandError(err.Error())
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return noCommandError("no command")
+	}
+	if isHelp(rest[0]) {
+		adminUsage(a.stdout)
+		return errHelp
+	}
+	for _, g := range adminGroups {
+		if g.name != rest[0] {
+			continue
+		}
+		if len(g.commands) == 1 && g.commands[0].path == g.name {
+			return g.commands[0].run(ctx, a, g.commands[0], rest[1:])
+		}
+		return a.runGroup(ctx, g.name, g.title, g.commands, rest[1:])
+	}
+	return noCommandError(fmt.Sprintf("unknown admin command %q", rest[0]))
+}
 
-func (e usageError) Error() string { return string(e) }
+// runGroup runs `bulwark admin <group> <command> ...`.
+func (a *adminRun) runGroup(ctx context.Context, group, title string, cmds []*adminCommand, args []string) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		groupUsage(a.stdout, title, cmds)
+		return errHelp
+	}
+	if len(args) == 0 {
+		return &groupUsageError{msg: group + " needs a command", title: title, cmds: cmds}
+	}
+	for _, c := range cmds {
+		if c.path == group+" "+args[0] {
+			return c.run(ctx, a, c, args[1:])
+		}
+	}
+	return &groupUsageError{msg: fmt.Sprintf("unknown %s command %q", group, args[0]), title: title, cmds: cmds}
+}
+
+// groupUsageError is a usage mistake within a group: exit 2 with the
+// group's usage rather than the whole command list.
+type groupUsageError struct {
+	msg   string
+	title string
+	cmds  []*adminCommand
+}
+
+func (e *groupUsageError) Error() string { return e.msg }
+
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// commonFlags registers the connection and output flags on fs. Every
+// command's flag set has them, so they may come before or after the
+// command.
+func (a *adminRun) commonFlags(fs *flag.FlagSet) {
+	fs.StringVar(&a.url, "url", a.url, "server base URL [$BULWARK_ADMIN_URL; else http://$BULWARK_LISTEN]")
+	fs.Var(secretFlag{&a.password}, "admin-password", "admin `password` [$BULWARK_ADMIN_PASSWORD; else <data-dir>/secrets/admin-password]")
+	fs.StringVar(&a.dataDir, "data-dir", a.dataDir, "the server's data directory, for its generated admin password [$BULWARK_DATA_DIR]")
+	fs.BoolVar(&a.json, "json", a.json, "print JSON instead of a table")
+}
+
+// secretFlag is a string flag whose value --help never shows.
+type secretFlag struct{ p *string }
+
+func (s secretFlag) String() string { return "" }
+func (s secretFlag) Set(v string) error {
+	*s.p = v
+	return nil
+}
+
+// flags returns a flag set for cmd with the common flags on it.
+func (a *adminRun) flags(cmd *adminCommand) *flag.FlagSet {
+	fs := flag.NewFlagSet(cmd.path, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	a.commonFlags(fs)
+	return fs
+}
+
+// parse parses args for cmd, flags and positional arguments in any order,
+// and checks that exactly nargs positional arguments came (any number when
+// nargs < 0). -h prints the command's usage and returns errHelp.
+func (a *adminRun) parse(cmd *adminCommand, fs *flag.FlagSet, args []string, nargs int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				commandUsage(a.stdout, cmd, fs)
+				return nil, errHelp
+			}
+			return nil, usageError(fmt.Sprintf("%s: %v", cmd.path, err))
+		}
+		rest := fs.Args()
+		// A "--" ends the flags: everything after it is positional.
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	if nargs >= 0 && len(pos) != nargs {
+		return nil, usageError("usage: bulwark admin " + strings.TrimSpace(cmd.path+" "+cmd.args))
+	}
+	return pos, nil
+}
+
+func commandUsage(w io.Writer, cmd *adminCommand, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: bulwark admin %s\n\n%s\n\nFlags:\n", strings.TrimSpace(cmd.path+" "+cmd.args), cmd.summary)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+func groupUsage(w io.Writer, title string, cmds []*adminCommand) {
+	fmt.Fprintf(w, "%s:\n", title)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  bulwark admin %s\n      %s\n", strings.TrimSpace(c.path+" "+c.args), c.summary)
+	}
+	fmt.Fprintln(w, "\nEvery command takes --url, --admin-password, --data-dir and --json (see bulwark admin -h).")
+}
 
 func adminUsage(w io.Writer) {
-	fmt.Fprint(w, `Usage: bulwark admin [--url URL] [--admin-password PW] COMMAND
+	fmt.Fprint(w, `Usage: bulwark admin [flags] COMMAND [ARGS] [flags]
 
-Firehose inspection and repair (each repair is transactional, idempotent
-and recorded in the audit log):
-  firehose events [--from SEQ] [--to SEQ] [--did DID] [--kind K] [--over-limits] [--limit N]
-  firehose rewrite-as-sync --seq SEQ [--reason TEXT]
-  firehose invalidate --seq SEQ [--reason TEXT]
-  firehose emit-sync --did DID [--reason TEXT]
-  firehose raise-seq --floor SEQ [--reason TEXT]
-  firehose repair-oversized [--reason TEXT]
-  firehose consumers
-  audit [--subject S] [--limit N]
+Administer a Bulwark server, local or remote, through its admin XRPC API
+(HTTP Basic, user "admin"). "bulwark admin COMMAND -h" describes a command.
 
-The password defaults to the one generated in <data-dir>/secrets.
+`)
+	for _, g := range adminGroups {
+		fmt.Fprintf(w, "%s:\n", g.title)
+		for _, c := range g.commands {
+			fmt.Fprintf(w, "  %s\n", strings.TrimSpace(c.path+" "+c.args))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprint(w, `Flags (before or after the command):
+  --url URL              the server (default: $BULWARK_ADMIN_URL, else
+                         http://$BULWARK_LISTEN, else `+DefaultAdminURL+`)
+  --admin-password PW    the admin password (default: $BULWARK_ADMIN_PASSWORD,
+                         else the one generated in <data-dir>/secrets)
+  --data-dir DIR         the server's data directory (default: $BULWARK_DATA_DIR,
+                         else ./data)
+  --json                 print JSON instead of a table
+
+Run with the server's environment (its EnvironmentFile) and every default
+above is the server's own.
 `)
 }
 
-func (c *adminClient) firehose(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) < 1 {
-		return usageError("firehose needs a subcommand")
+// adminURLFromEnv is the default server URL: BULWARK_ADMIN_URL, else the
+// server's own listen address when BULWARK_LISTEN is set (an unspecified
+// host becomes loopback), else DefaultAdminURL.
+func adminURLFromEnv() string {
+	if v := strings.TrimSpace(os.Getenv("BULWARK_ADMIN_URL")); v != "" {
+		return v
 	}
-	fs := flag.NewFlagSet("firehose "+args[0], flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	seq := fs.Int64("seq", 0, "event seq")
-	floor := fs.Int64("floor", 0, "seq floor")
-	did := fs.String("did", "", "repo DID")
-	reason := fs.String("reason", "", "why (recorded in the audit log)")
-	from := fs.Int64("from", 0, "first seq")
-	to := fs.Int64("to", 0, "last seq")
-	kind := fs.String("kind", "", "commit, sync, identity or account")
-	over := fs.Bool("over-limits", false, "only events that break a protocol limit")
-	limit := fs.Int("limit", 100, "how many")
-	if err := fs.Parse(args[1:]); err != nil {
-		return usageError(err.Error())
+	listen := strings.TrimSpace(os.Getenv("BULWARK_LISTEN"))
+	if listen == "" {
+		return DefaultAdminURL
 	}
-	switch args[0] {
-	case "events":
-		q := url.Values{"from": {fmt.Sprint(*from)}, "limit": {fmt.Sprint(*limit)}}
-		if *to > 0 {
-			q.Set("to", fmt.Sprint(*to))
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return DefaultAdminURL
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// adminPassword resolves the admin password: --admin-password, else
+// BULWARK_ADMIN_PASSWORD, else the file the server generated in the data
+// dir. Only commands that need it ask.
+func (a *adminRun) adminPassword() (string, error) {
+	if a.password != "" {
+		if a.passwordFrom == "" {
+			a.passwordFrom = "--admin-password"
 		}
-		if *did != "" {
-			q.Set("did", *did)
-		}
-		if *kind != "" {
-			q.Set("kind", *kind)
-		}
-		if *over {
-			q.Set("overLimits", "true")
-		}
-		var res struct {
-			Events []struct {
-				Seq         int64    `json:"seq"`
-				DID         string   `json:"did"`
-				Kind        string   `json:"kind"`
-				Rev         string   `json:"rev"`
-				CreatedAt   string   `json:"createdAt"`
-				FrameBytes  int      `json:"frameBytes"`
-				BlocksBytes int      `json:"blocksBytes"`
-				Ops         int      `json:"ops"`
-				Invalidated bool     `json:"invalidated"`
-				Problems    []string `json:"problems"`
-			} `json:"events"`
-		}
-		if err := c.call(ctx, http.MethodGet, "listEvents", q, nil, &res); err != nil {
+		return a.password, nil
+	}
+	if v := strings.TrimSpace(os.Getenv("BULWARK_ADMIN_PASSWORD")); v != "" {
+		a.password, a.passwordFrom = v, "BULWARK_ADMIN_PASSWORD"
+		return v, nil
+	}
+	path := filepath.Join(a.dataDir, config.SecretsDir, "admin-password")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("no admin password: pass --admin-password, set BULWARK_ADMIN_PASSWORD, or point --data-dir (BULWARK_DATA_DIR) at the server's data directory (%v)", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	a.password, a.passwordFrom = strings.TrimSpace(line), path
+	if a.password == "" {
+		return "", fmt.Errorf("no admin password: %s is empty", path)
+	}
+	return a.password, nil
+}
+
+// conn returns the client for the server.
+func (a *adminRun) conn() (*adminClient, error) {
+	if a.client != nil {
+		return a.client, nil
+	}
+	u, err := url.Parse(strings.TrimSpace(a.url))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usageError(fmt.Sprintf("--url %q is not an http(s) URL", a.url))
+	}
+	a.client = &adminClient{run: a, base: strings.TrimRight(u.String(), "/"), http: &http.Client{Timeout: adminTimeout}}
+	return a.client, nil
+}
+
+// output prints v as indented JSON with --json, else calls text.
+func (a *adminRun) output(v any, text func(w io.Writer) error) error {
+	if a.json {
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
 			return err
 		}
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SEQ\tKIND\tDID\tREV\tFRAME\tBLOCKS\tOPS\tSTATE")
-		for _, e := range res.Events {
-			state := "ok"
-			if e.Invalidated {
-				state = "invalidated"
-			} else if len(e.Problems) > 0 {
-				state = "OVER LIMITS: " + strings.Join(e.Problems, "; ")
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", e.Seq, e.Kind, e.DID, e.Rev, e.FrameBytes, e.BlocksBytes, e.Ops, state)
-		}
-		return tw.Flush()
-	case "rewrite-as-sync", "invalidate":
-		if *seq <= 0 {
-			return usageError(args[0] + " needs --seq")
-		}
-		nsid := map[string]string{"rewrite-as-sync": "rewriteEventAsSync", "invalidate": "invalidateEvent"}[args[0]]
-		return c.callPrint(ctx, nsid, map[string]any{"seq": *seq, "reason": *reason}, out)
-	case "emit-sync":
-		if *did == "" {
-			return usageError("emit-sync needs --did")
-		}
-		return c.callPrint(ctx, "emitSync", map[string]any{"did": *did, "reason": *reason}, out)
-	case "raise-seq":
-		if *floor <= 0 {
-			return usageError("raise-seq needs --floor")
-		}
-		return c.callPrint(ctx, "raiseSeq", map[string]any{"floor": *floor, "reason": *reason}, out)
-	case "repair-oversized":
-		return c.callPrint(ctx, "repairOversizedEvents", map[string]any{"reason": *reason}, out)
-	case "consumers":
-		var res json.RawMessage
-		if err := c.call(ctx, http.MethodGet, "listConsumers", nil, nil, &res); err != nil {
-			return err
-		}
-		return printJSON(out, res)
-	}
-	return usageError(fmt.Sprintf("unknown firehose command %q", args[0]))
-}
-
-func (c *adminClient) audit(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	subject := fs.String("subject", "", "only entries about this subject (a DID, seq:N, ...)")
-	limit := fs.Int("limit", 50, "how many")
-	if err := fs.Parse(args); err != nil {
-		return usageError(err.Error())
-	}
-	q := url.Values{"limit": {strconv.Itoa(*limit)}}
-	if *subject != "" {
-		q.Set("subject", *subject)
-	}
-	var res json.RawMessage
-	if err := c.call(ctx, http.MethodGet, "listAuditLog", q, nil, &res); err != nil {
+		_, err = a.stdout.Write(append(b, '\n'))
 		return err
 	}
-	return printJSON(out, res)
+	return text(a.stdout)
 }
 
-func (c *adminClient) callPrint(ctx context.Context, nsid string, body any, out io.Writer) error {
-	var res json.RawMessage
-	if err := c.call(ctx, http.MethodPost, nsid, nil, body, &res); err != nil {
-		return err
-	}
-	return printJSON(out, res)
+// adminClient calls XRPC methods of a running server, with HTTP Basic admin
+// credentials where a method needs them.
+type adminClient struct {
+	run  *adminRun
+	base string
+	http *http.Client
 }
 
-// call performs one XRPC request and decodes the JSON answer into res; an
-// XRPC error becomes an error carrying its name and message.
-func (c *adminClient) call(ctx context.Context, method, nsid string, q url.Values, body, res any) error {
-	u := c.base + "/xrpc/" + AdminNSIDPrefix + nsid
+// call performs one Bulwark admin method (io.github.bulwark-pds.admin.*).
+func (c *adminClient) call(ctx context.Context, method, name string, q url.Values, body, res any) error {
+	return c.xrpc(ctx, method, AdminNSIDPrefix+name, q, body, res, true)
+}
+
+// xrpc performs one XRPC request and decodes the JSON answer into res (nil:
+// ignore it); an XRPC error becomes an error carrying its name and message.
+// admin sends the admin credentials.
+func (c *adminClient) xrpc(ctx context.Context, method, nsid string, q url.Values, body, res any, admin bool) error {
+	u := c.base + "/xrpc/" + nsid
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
@@ -240,24 +401,41 @@ func (c *adminClient) call(ctx context.Context, method, nsid string, q url.Value
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.SetBasicAuth("admin", c.password)
+	if admin {
+		pw, err := c.run.adminPassword()
+		if err != nil {
+			return err
+		}
+		req.SetBasicAuth("admin", pw)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("cannot reach the server at %s (is it running? --url or BULWARK_ADMIN_URL names it): %w", c.base, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminResponse))
 	if err != nil {
 		return err
 	}
 	if resp.StatusCode/100 != 2 {
-		var xe struct{ Error, Message string }
-		if json.Unmarshal(data, &xe) == nil && xe.Error != "" {
-			return fmt.Errorf("%s: %s (HTTP %d)", xe.Error, xe.Message, resp.StatusCode)
-		}
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(data))
+		return c.xrpcError(nsid, resp.StatusCode, data, admin)
+	}
+	if res == nil || len(bytes.TrimSpace(data)) == 0 {
+		return nil
 	}
 	return json.Unmarshal(data, res)
+}
+
+func (c *adminClient) xrpcError(nsid string, status int, data []byte, admin bool) error {
+	var xe struct{ Error, Message string }
+	if json.Unmarshal(data, &xe) != nil || xe.Error == "" {
+		return fmt.Errorf("%s: HTTP %d: %s", nsid, status, bytes.TrimSpace(data))
+	}
+	err := fmt.Errorf("%s: %s (HTTP %d)", xe.Error, xe.Message, status)
+	if admin && status == http.StatusUnauthorized {
+		err = fmt.Errorf("%w; the server refused the admin password from %s", err, c.run.passwordFrom)
+	}
+	return err
 }
 
 func printJSON(w io.Writer, raw json.RawMessage) error {

@@ -105,7 +105,10 @@ func startBinary(t *testing.T, bin, base string, env []string) *proc {
 	defer tick.Stop()
 	limit := time.After(waitLimit)
 	for {
-		if _, ok := describe(base); ok {
+		// The banner and the ready line are written before the server
+		// answers, but reach p.logs through exec's copying goroutine: wait
+		// for them too.
+		if _, ok := describe(base); ok && strings.Contains(p.logs.String(), "bulwark is ready") {
 			return p
 		}
 		select {

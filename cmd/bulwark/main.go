@@ -3,7 +3,9 @@
 //	bulwark serve [flags]            run the server (managed Postgres unless --database-url)
 //	bulwark migrate [flags] up       apply pending database migrations
 //	bulwark migrate [flags] status   list migrations and whether they are applied
-//	bulwark admin [flags] COMMAND    inspect and repair a running server (firehose, audit)
+//	bulwark admin [flags] COMMAND    administer a running server (accounts, invites, firehose, audit)
+//	bulwark backup [--out DIR|-]     back up the database, blobs and secrets
+//	bulwark restore --from DIR|-     restore a backup into an empty data dir
 //	bulwark config [flags]           print the effective settings, secrets redacted
 //	bulwark version                  print the version
 //
@@ -50,6 +52,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runDevPLC(ctx, rest, stderr)
 	case "admin":
 		return runAdmin(ctx, rest, stdout, stderr)
+	case "backup":
+		return runBackup(ctx, rest, stdout, stderr)
+	case "restore":
+		return runRestore(ctx, rest, os.Stdin, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "bulwark %s (%s, %s/%s)\n", Version(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
@@ -72,6 +78,8 @@ Usage:
   bulwark migrate [flags] status    show which migrations are applied
   bulwark admin COMMAND             inspect and repair a running server
                                     ("bulwark admin -h" lists the commands)
+  bulwark backup [--out DIR|-]      back up the database, blobs and secrets
+  bulwark restore --from DIR|-      restore a backup into an empty data dir
   bulwark config [flags]            print the settings serve would use, one per line
   bulwark dev-plc [flags]           run a local PLC directory for development
   bulwark version                   print the version

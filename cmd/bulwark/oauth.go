@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/oauth"
@@ -23,18 +24,20 @@ var privateNetworks = []netip.Prefix{
 
 // newOAuthConfig is the OAuth authorization server's configuration: this
 // server's public URL as the issuer, the session-token secret (the oauth
-// package derives its own keys from it), and an SSRF-guarded client for
-// client metadata documents. pds.New fills in the database and accounts.
-func newOAuthConfig(cfg *config.Config, logger *slog.Logger) *oauth.Config {
-	ob := outbound.Config{Logger: logger}
+// package derives its own keys from it), and the shared SSRF-guarded
+// client for client metadata documents (with
+// --oauth-allow-private-clients, one that also reaches this machine and
+// private networks). pds.New fills in the database and accounts.
+func newOAuthConfig(cfg *config.Config, shared *outbound.Client, logger *slog.Logger) *oauth.Config {
+	client := shared
 	if cfg.OAuthAllowPrivateClients {
-		ob.AllowCIDRs = privateNetworks
 		logger.Warn("OAuth apps may publish their metadata on private addresses (--oauth-allow-private-clients): for development only")
+		client = outbound.New(outbound.Config{AllowCIDRs: append(slices.Clone(privateNetworks), cfg.ProxyAllowPrivate...), Logger: logger})
 	}
 	return &oauth.Config{
 		Issuer:                cfg.PublicURL(),
 		Secret:                []byte(cfg.JWTSecret),
-		HTTPClient:            outbound.New(ob).HTTPClient(),
+		HTTPClient:            client.HTTPClient(),
 		AllowPrivateClientIDs: cfg.OAuthAllowPrivateClients,
 		Logger:                logger,
 	}

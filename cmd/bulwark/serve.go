@@ -19,6 +19,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -177,12 +178,23 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if devPLC != nil {
 		plcHTTP = devPLC.Client()
 	}
-	accounts, engine, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits,
-		OAuth: newOAuthConfig(cfg, logger)}
+	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
+	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	// One client for every URL a user influences, so one guard and one
+	// allow list (--proxy-allow-private) cover them all. Its timeout also
+	// bounds the wait for response headers in its transport, which the
+	// proxy shares: at least --proxy-header-timeout.
+	opts.Outbound = outbound.New(outbound.Config{
+		AllowCIDRs: cfg.ProxyAllowPrivate,
+		Timeout:    max(outbound.DefaultTimeout, cfg.ProxyHeaderTimeout),
+		Logger:     logger,
+	})
+	opts.Keys = keys
+	opts.OAuth = newOAuthConfig(cfg, opts.Outbound, logger)
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}

@@ -1,0 +1,274 @@
+package account
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	didplc "github.com/did-method-plc/go-didplc"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/plc"
+)
+
+// Moving an account between servers (goat's `account migrate`): the new
+// server creates the account deactivated for an existing DID
+// (createImported), the old server signs the PLC operation that points the
+// DID at the new one (SignPLCOperation), the new server checks and submits
+// it (SubmitPLCOperation) and activates the account (Activate).
+
+//go:embed migrate.sql
+var migrateSQL string
+
+var qInsertImportedAccount = db.MustParseQueries(migrateSQL).MustGet("InsertImportedAccount")
+
+// Migration errors. The pds package maps each to an XRPC error.
+var (
+	// ErrAccountExists means the DID already has an account here that
+	// cannot be replaced (active, taken down, or deactivated while its DID
+	// document still names this server).
+	ErrAccountExists = errors.New("account already exists")
+	// ErrIncompatibleDIDDoc means the DID document does not make this
+	// server the account's PDS: its endpoint, signing key or rotation keys
+	// differ. The wrapping message says which.
+	ErrIncompatibleDIDDoc = errors.New("DID document does not match this server")
+	// ErrInvalidPLCOperation means a PLC operation submitted for an account
+	// would not keep it hosted here: this server's rotation key dropped,
+	// atproto_pds elsewhere, another signing key, or the handle not first
+	// in alsoKnownAs. Nothing was sent to the directory.
+	ErrInvalidPLCOperation = errors.New("invalid PLC operation")
+)
+
+// createImported creates the account of a DID another server hosts
+// (CreateInput.DID): the caller has checked that the requester controls the
+// DID. The account starts deactivated, with a fresh signing key, an empty
+// repository and a session; nothing is sent to the PLC directory and no
+// event is emitted, since the DID document still names the old server until
+// the user submits the operation that moves it, and Activate announces the
+// account. Invite rules apply as for any account.
+//
+// A deactivated account of the same DID whose document no longer names
+// this server (it moved away and now comes back) is replaced in the same
+// transaction; any other account of the DID is ErrAccountExists.
+func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account, *Session, error) {
+	did, err := syntax.ParseDID(strings.TrimSpace(in.DID))
+	if err != nil || did.Method() != "plc" {
+		return nil, nil, ruleErr(ErrUnsupportedDID, "only an existing did:plc can be brought here, not %.100q", in.DID)
+	}
+	in.DID = did.String()
+	na, err := s.checkNew(ctx, in)
+	if err != nil {
+		return nil, nil, err
+	}
+	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
+		return nil, nil, err
+	}
+	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
+		return nil, nil, err
+	}
+	if na.sealed, err = s.keys.seal(did, na.key); err != nil {
+		return nil, nil, err
+	}
+	log := s.log.With("did", did, "handle", na.handle)
+	var sess *Session
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.replaceStale(ctx, tx, did, log); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, qInsertImportedAccount, did.String(), na.handle.String(), na.email, na.pwHash, na.sealed); err != nil {
+			if strings.HasSuffix(db.ConstraintName(err), "pkey") {
+				return ruleErr(ErrAccountExists, "%s already has an account here", did)
+			}
+			return uniqueViolation(err, na.handle, na.email)
+		}
+		if na.invite != "" {
+			if err := useInvite(ctx, tx, na.invite, did); err != nil {
+				return err
+			}
+		}
+		if _, err := s.repo.InitRepo(ctx, tx, did, na.key); err != nil {
+			return err
+		}
+		var err error
+		sess, err = s.newSession(ctx, tx, did, nil)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	s.keys.remember(did, na.key)
+	log.Info("account created for an existing DID, deactivated until it moves here")
+	return &Account{DID: did, Handle: na.handle, Email: na.email, Status: StatusDeactivated, CreatedAt: time.Now()}, sess, nil
+}
+
+// replaceStale deletes did's account here, inside tx, when it is one left
+// behind by an earlier move away: deactivated, and the DID document names
+// another server. No account is fine; any other is ErrAccountExists.
+func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, log *slog.Logger) error {
+	_, status, err := lockAccount(ctx, tx, did)
+	if errors.Is(err, ErrAccountNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if status != StatusDeactivated {
+		return ruleErr(ErrAccountExists, "%s already has an account here (%s)", did, status)
+	}
+	op, _, err := s.plc.Last(ctx, did)
+	if err != nil {
+		return err
+	}
+	if op.Services[plc.ServiceID].Endpoint == s.cfg.PublicURL {
+		return ruleErr(ErrAccountExists, "%s already has a deactivated account here, and its DID document names this server: sign in and activate it", did)
+	}
+	if err := s.deleteRows(ctx, tx, did); err != nil {
+		return err
+	}
+	log.Info("replacing the account left here by an earlier move away")
+	return nil
+}
+
+// Activate makes did's account active and announces it in one
+// transaction: #identity, #account (active) and a #sync of the current
+// commit, in that order. It does so also when the account was active
+// already, as the reference PDS does: activateAccount is what a client
+// calls at the end of a move, and the events make relays fetch the
+// account afresh. A taken-down account stays taken down.
+func (s *Service) Activate(ctx context.Context, did syntax.DID) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		handle, from, err := lockAccount(ctx, tx, did)
+		if err != nil {
+			return err
+		}
+		if from == StatusTakendown {
+			return ErrAccountTakendown
+		}
+		return s.storeStatus(ctx, tx, did, handle, StatusActive)
+	})
+	if err != nil {
+		return err
+	}
+	s.wake()
+	s.log.Info("account activated", "did", did)
+	return nil
+}
+
+// CheckDIDDocument checks that did's current DID document (its last PLC
+// operation, read from the directory) makes this server the account's
+// PDS: this server's rotation key among the rotation keys, the
+// atproto_pds service at this server's URL, and the account's signing key
+// as the atproto verification method. A mismatch is ErrIncompatibleDIDDoc
+// saying what differs; a directory failure is plc.ErrDirectory.
+func (s *Service) CheckDIDDocument(ctx context.Context, did syntax.DID) error {
+	op, _, err := s.plc.Last(ctx, did)
+	if errors.Is(err, plc.ErrTombstoned) {
+		return ruleErr(ErrIncompatibleDIDDoc, "%s is tombstoned in the PLC directory", did)
+	}
+	if err != nil {
+		return err
+	}
+	pub, err := s.PublicKey(ctx, did)
+	if err != nil {
+		return err
+	}
+	switch svc := op.Services[plc.ServiceID]; {
+	case !s.plc.Controls(op):
+		return ruleErr(ErrIncompatibleDIDDoc, "this server's rotation key is not among the rotation keys of %s", did)
+	case svc.Endpoint != s.cfg.PublicURL:
+		return ruleErr(ErrIncompatibleDIDDoc, "the DID document's atproto_pds endpoint is %.200q, not this server (%s)", svc.Endpoint, s.cfg.PublicURL)
+	case op.VerificationMethods[plc.VerificationMethod] != pub.DIDKey():
+		return ruleErr(ErrIncompatibleDIDDoc, "the DID document's signing key is not the account's key on this server")
+	}
+	return nil
+}
+
+// mailTokens checks the codes requestPlcOperationSignature mails.
+func (s *Service) mailTokens() email.Tokens { return email.Tokens{Now: s.cfg.Now} }
+
+// SignPLCOperation signs, for com.atproto.identity.signPlcOperation, the
+// operation that follows did's current one with o applied, and returns it
+// unsent: the account's next server submits it. token is the code
+// requestPlcOperationSignature mailed (purpose plc_operation); it is used
+// up only if the operation is signed (email.ErrTokenInvalid or
+// email.ErrTokenExpired otherwise). This server's rotation key must be
+// among the DID's current rotation keys (else plc.ErrNotControlled).
+func (s *Service) SignPLCOperation(ctx context.Context, did syntax.DID, token string, o plc.Overrides) (*didplc.RegularOp, error) {
+	var op *didplc.RegularOp
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.mailTokens().Consume(ctx, tx, did, email.PurposePLCOperation, token); err != nil {
+			return err
+		}
+		var err error
+		op, err = s.plc.SignUpdate(ctx, did, o)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("plc operation signed", "did", did, "endpoint", op.Services[plc.ServiceID].Endpoint)
+	return op, nil
+}
+
+// SubmitPLCOperation checks op, an operation for did signed elsewhere
+// (com.atproto.identity.submitPlcOperation), submits it to the PLC
+// directory and emits #identity, under the account's lock. op must keep
+// the account hosted here (else ErrInvalidPLCOperation, and nothing is
+// sent): this server's rotation key among its rotation keys, atproto_pds
+// at this server's URL, the account's signing key as atproto, and at://
+// the account's handle first in alsoKnownAs. A malformed op is
+// plc.ErrInvalidOperation; one the directory refuses is plc.ErrRejected.
+func (s *Service) SubmitPLCOperation(ctx context.Context, did syntax.DID, op *didplc.RegularOp) error {
+	if err := plc.CheckOperation(op); err != nil {
+		return err
+	}
+	pub, err := s.PublicKey(ctx, did)
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		handle, _, err := lockAccount(ctx, tx, did)
+		if err != nil {
+			return err
+		}
+		if err := s.checkHostedHere(op, pub, handle); err != nil {
+			return err
+		}
+		if err := s.plc.Submit(ctx, did, op); err != nil {
+			return err
+		}
+		return appendIdentity(ctx, tx, did, handle)
+	})
+	if err != nil {
+		return err
+	}
+	s.wake()
+	s.log.Info("plc operation submitted", "did", did)
+	return nil
+}
+
+// checkHostedHere applies submitPlcOperation's rules (the reference PDS's)
+// to op for an account with signing key pub and handle.
+func (s *Service) checkHostedHere(op *didplc.RegularOp, pub atcrypto.PublicKey, handle syntax.Handle) error {
+	svc, ok := op.Services[plc.ServiceID]
+	switch {
+	case !s.plc.Controls(op):
+		return ruleErr(ErrInvalidPLCOperation, "the operation's rotation keys do not include this server's rotation key (%s)", s.plc.RotationKey())
+	case !ok || svc.Type != plc.ServiceType:
+		return ruleErr(ErrInvalidPLCOperation, "the operation's atproto_pds service must have type %s", plc.ServiceType)
+	case svc.Endpoint != s.cfg.PublicURL:
+		return ruleErr(ErrInvalidPLCOperation, "the operation's atproto_pds endpoint must be this server (%s), not %.200q", s.cfg.PublicURL, svc.Endpoint)
+	case op.VerificationMethods[plc.VerificationMethod] != pub.DIDKey():
+		return ruleErr(ErrInvalidPLCOperation, "the operation's atproto verification method must be the account's signing key here (%s)", pub.DIDKey())
+	case len(op.AlsoKnownAs) == 0 || op.AlsoKnownAs[0] != "at://"+handle.String():
+		return ruleErr(ErrInvalidPLCOperation, "the operation's alsoKnownAs must start with at://%s", handle)
+	}
+	return nil
+}

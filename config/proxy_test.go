@@ -1,0 +1,78 @@
+package config
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestProxyDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := parse(t, nil)
+	require.NoError(t, err)
+	require.Equal(t, "https://api.bsky.app", c.AppViewURL)
+	require.Equal(t, "did:web:api.bsky.app", c.AppViewDID)
+	require.Equal(t, "https://mod.bsky.app", c.ModServiceURL)
+	require.Equal(t, "did:plc:ar7c4by46qjdydhdevvrndac", c.ModServiceDID)
+	require.Equal(t, "https://mod.bsky.app", c.ReportServiceURL)
+	require.Equal(t, "did:plc:ar7c4by46qjdydhdevvrndac", c.ReportServiceDID)
+	require.Equal(t, 10*time.Second, c.ProxyHeaderTimeout)
+	require.Equal(t, 30*time.Second, c.ProxyBodyTimeout)
+	require.Equal(t, int64(10<<20), c.ProxyMaxResponse)
+	require.Empty(t, c.ProxyAllowPrivate)
+}
+
+func TestProxySettingsFromEnvAndFlags(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"BULWARK_MOD_SERVICE_URL":      "https://ozone.example.com",
+		"BULWARK_MOD_SERVICE_DID":      "did:web:ozone.example.com",
+		"BULWARK_REPORT_SERVICE_URL":   "https://reports.example.com",
+		"BULWARK_REPORT_SERVICE_DID":   "did:plc:reports2345reports2345abcd",
+		"BULWARK_PROXY_HEADER_TIMEOUT": "3s",
+		"BULWARK_PROXY_BODY_TIMEOUT":   "1m",
+		"BULWARK_PROXY_MAX_RESPONSE":   "4MiB",
+		"BULWARK_PROXY_ALLOW_PRIVATE":  "127.0.0.0/8, 10.1.2.3",
+	}
+	c, err := parse(t, env, "--proxy-body-timeout", "45s")
+	require.NoError(t, err)
+	require.Equal(t, "https://ozone.example.com", c.ModServiceURL)
+	require.Equal(t, "did:web:ozone.example.com", c.ModServiceDID)
+	require.Equal(t, "https://reports.example.com", c.ReportServiceURL)
+	require.Equal(t, "did:plc:reports2345reports2345abcd", c.ReportServiceDID)
+	require.Equal(t, 3*time.Second, c.ProxyHeaderTimeout)
+	require.Equal(t, 45*time.Second, c.ProxyBodyTimeout, "the flag wins")
+	require.Equal(t, int64(4<<20), c.ProxyMaxResponse)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.1.2.3/32")}, c.ProxyAllowPrivate)
+
+	// Both halves of a service empty turns it off.
+	c, err = parse(t, nil, "--mod-service-url", "", "--mod-service-did", "")
+	require.NoError(t, err)
+	require.Empty(t, c.ModServiceURL)
+}
+
+func TestProxySettingsInvalid(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"mod did without url", nil, []string{"--mod-service-url", ""}, "--mod-service-url"},
+		{"mod url not http", nil, []string{"--mod-service-url", "mod.bsky.app"}, "--mod-service-url"},
+		{"report did bad", nil, []string{"--report-service-did", "reports"}, "--report-service-did"},
+		{"header timeout zero", nil, []string{"--proxy-header-timeout", "0s"}, "--proxy-header-timeout"},
+		{"body timeout negative", nil, []string{"--proxy-body-timeout", "-1s"}, "--proxy-body-timeout"},
+		{"max response tiny", nil, []string{"--proxy-max-response", "1KiB"}, "--proxy-max-response"},
+		{"env bad CIDR", map[string]string{"BULWARK_PROXY_ALLOW_PRIVATE": "localhost"}, nil, "BULWARK_PROXY_ALLOW_PRIVATE"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := parse(t, tt.env, tt.args...)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}

@@ -1,0 +1,176 @@
+package pds
+
+import (
+	"context"
+	"errors"
+	"mime"
+	"net/http"
+	"time"
+
+
+	"github.com/bulwark-pds/bulwark/audit"
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/repo"
+)
+
+// maxConcurrentImports bounds the repository imports running at once on
+// this process: each holds a Postgres connection for as long as its CAR
+// takes to arrive and be written.
+const maxConcurrentImports = 2
+
+// importBusyRetry is the Retry-After of an import refused because others
+// are running.
+const importBusyRetry = 30 * time.Second
+
+// registerImportRoutes registers com.atproto.repo.importRepo and its admin
+// variant. Both stream the CAR (up to Config.MaxImportSize) into the
+// repository engine, which stages it in the database rather than memory.
+func (s *Server) registerImportRoutes() {
+	if s.repo == nil || s.accounts == nil {
+		return
+	}
+	gate := make(importGate, maxConcurrentImports)
+	s.procedure("com.atproto.repo.importRepo", func(w http.ResponseWriter, r *http.Request) error {
+		return s.handleImportRepo(w, r, gate)
+	}, withMaxBody(s.cfg.MaxImportSize), longRunning())
+	s.procedure(AdminNSIDPrefix+"importRepo", s.admin(func(w http.ResponseWriter, r *http.Request) error {
+		return s.handleAdminImportRepo(w, r, gate)
+	}), withMaxBody(s.cfg.MaxImportSize), longRunning())
+}
+
+// importGate holds a slot per import running.
+type importGate chan struct{}
+
+// enter takes a slot, or refuses at once (503) when all are taken: a
+// client waiting would hold its connection and body for nothing. The
+// caller has authenticated the request, so that callers without the
+// right to import cannot fill the slots.
+func (g importGate) enter() (func(), error) {
+	select {
+	case g <- struct{}{}:
+		return func() { <-g }, nil
+	default:
+		return nil, ServiceOverloaded(importBusyRetry, "%d repository imports are running; retry later", cap(g))
+	}
+}
+
+// checkCARBody refuses a body declared as something other than a CAR. A
+// body without a Content-Type is read as one.
+func checkCARBody(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || mt != carContentType {
+		return InvalidRequest("request body must be %s, not %q", carContentType, ct)
+	}
+	return nil
+}
+
+// importOptions are the server's import settings.
+func (s *Server) importOptions() repo.ImportOptions {
+	return repo.ImportOptions{MaxBytes: s.cfg.MaxImportSize, AllowOversize: s.cfg.ImportAllowOversize}
+}
+
+// importBody is the request body as Import reads it: with the read
+// deadline pushed forward before each read (the method is long-running,
+// so the server's whole-request timeout is off), so a client that stalls
+// is dropped. Once the body ends, net/http clears the deadline itself
+// (its background read), so the writes that follow run unhurried.
+func importBody(w http.ResponseWriter, r *http.Request) *idleReader {
+	return &idleReader{r: r.Body, rc: http.NewResponseController(w)}
+}
+
+// handleImportRepo answers com.atproto.repo.importRepo: the caller's own
+// repository is replaced by the one in the CAR body, which is how an
+// account migrating here brings its data (into the new, deactivated
+// account). The session must be made with the account password, not an
+// app password. Whatever the repository held before is replaced whole;
+// the import is announced as #sync. The answer has no body, as the
+// lexicon says.
+func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
+	a, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
+	if err != nil {
+		return err
+	}
+	if err := checkCARBody(r); err != nil {
+		return err
+	}
+	leave, err := gate.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
+	res, err := s.repo.Import(r.Context(), a.DID, importBody(w, r), s.importOptions())
+	if err != nil {
+		return err
+	}
+	s.logger.Info("repository imported", "did", a.DID, "rev", res.Rev, "records", res.Records,
+		"bytes", res.Bytes, "request_id", RequestID(r.Context()))
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// adminImportOutput reports an admin import.
+type adminImportOutput struct {
+	DID      string `json:"did"`
+	Commit   string `json:"commit"`
+	Rev      string `json:"rev"`
+	Records  int64  `json:"records"`
+	Blocks   int64  `json:"blocks"`
+	Bytes    int64  `json:"bytes"`
+	BlobRefs int64  `json:"blobRefs"`
+	// Oversize counts records over the per-record limits that were
+	// stored (the server allows them).
+	Oversize int `json:"oversize,omitempty"`
+}
+
+// handleAdminImportRepo answers io.github.bulwark-pds.admin.importRepo:
+// importRepo into the account ?did=, whatever its status (an operator
+// restoring a backup), with an audit entry written in the import's
+// transaction. It answers what was imported.
+func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
+	p := queryParams(r)
+	did := p.did("did")
+	reason := p.optional("reason")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	if len(reason) > maxAdminRefLen {
+		return InvalidRequest("reason is longer than %d bytes", maxAdminRefLen)
+	}
+	if err := checkCARBody(r); err != nil {
+		return err
+	}
+	before, err := s.repo.GetHead(r.Context(), did)
+	if errors.Is(err, repo.ErrRepoNotFound) {
+		return subjectNotFound("no repository for %s on this server", did)
+	}
+	if err != nil {
+		return err
+	}
+	leave, err := gate.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
+	opts := s.importOptions()
+	action := AdminNSIDPrefix + "importRepo"
+	opts.InTx = func(ctx context.Context, tx db.DBTX, res *repo.ImportResult) error {
+		return audit.Record(ctx, tx, &audit.Entry{
+			Actor: adminActor, Action: action, Subject: did.String(), Reason: reason,
+			Before: map[string]any{"commit": before.Commit.String(), "rev": before.Rev},
+			After:  map[string]any{"commit": res.Commit.String(), "rev": res.Rev, "records": res.Records, "bytes": res.Bytes},
+		})
+	}
+	res, err := s.repo.Import(r.Context(), did, importBody(w, r), opts)
+	if err != nil {
+		return err
+	}
+	s.logger.Info("admin write", "method", action, "subject", did, "request_id", RequestID(r.Context()))
+	return writeJSON(w, http.StatusOK, adminImportOutput{
+		DID: did.String(), Commit: res.Commit.String(), Rev: res.Rev, Records: res.Records,
+		Blocks: res.Blocks, Bytes: res.Bytes, BlobRefs: res.BlobRefs, Oversize: res.OversizeTotal,
+	})
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package repo_test
+
+const raceEnabled = false
