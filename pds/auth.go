@@ -134,17 +134,23 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 // refused here as any authenticated method refuses them. A deactivated
 // account may still read through the proxy (as the reference PDS allows,
 // for an account migrating away); a taken-down one may not. Privileged is
-// a full-access session or a privileged app password. Other kinds of
-// credentials extend this one function.
+// a full-access session or a privileged app password. An OAuth session
+// goes where its grant's rpc: permissions reach (checkRPCAccess's rule:
+// the proxy asks Permits once it knows the target), chat included when
+// granted, in place of the privileged-session rule.
 func (s *Server) proxyCaller(r *http.Request) (proxy.Caller, error) {
 	if r.Header.Get("Authorization") == "" {
 		return proxy.Caller{}, nil
 	}
-	a, err := s.requireAuth(r, allowDeactivated())
+	a, err := s.requireAuth(r, allowDeactivated(), oauthAnyGrant())
 	if err != nil {
 		return proxy.Caller{}, err
 	}
-	return proxy.Caller{DID: a.DID, Authenticated: true, Privileged: a.Privileged()}, nil
+	c := proxy.Caller{DID: a.DID, Authenticated: true, Privileged: a.Privileged()}
+	if a.OAuth != nil {
+		c.Privileged, c.Permits = true, a.AllowsRPC
+	}
+	return c, nil
 }
 
 // requireRepoAuth is requireAuth for a write to repo (a DID or handle): the

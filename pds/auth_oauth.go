@@ -22,11 +22,14 @@ import (
 //   - uploadBlob: blob:<mime>;
 //   - getSession: any grant; the email only with account:email (or
 //     transition:email);
-//   - updateHandle: identity:handle; PLC operations: identity:*;
-//     updateEmail: account:email?action=manage; importRepo:
-//     account:repo?action=manage (see oauthAccount and oauthIdentity);
-//   - getServiceAuth and the service proxy: rpc:<lxm>?aud=<service>
-//     (checkRPCAccess, account.Auth.AllowsRPC);
+//   - updateHandle: identity:handle; PLC operations (requesting,
+//     signing, submitting): identity:*; the email (requesting a change or
+//     a confirmation, updating, confirming): account:email?action=manage;
+//     importRepo: account:repo?action=manage (oauthAccount,
+//     oauthIdentity);
+//   - getServiceAuth and the service proxy: rpc:<lxm>?aud=<did>#<service>
+//     (checkRPCAccess; the proxy asks account.Auth.AllowsRPC through
+//     proxy.Caller.Permits once it knows the target);
 //   - other methods that need a password session (app passwords, invite
 //     codes, activation, deletion) are refused to OAuth whatever the scope;
 //   - everything else (preferences, reads that need a session, ...) needs
@@ -96,7 +99,7 @@ func (s *Server) requireOAuth(r *http.Request, p authPolicy) (*account.Auth, err
 	}
 	auth := &account.Auth{DID: a.DID, Handle: a.Handle, Status: a.Status, Scope: info.Scope(), SessionID: info.GrantID, OAuth: info}
 	switch {
-	case a.Status == account.StatusTakendown:
+	case a.Status == account.StatusTakendown && !p.allowTakendown:
 		return nil, account.ErrAccountTakendown
 	case a.Status == account.StatusDeactivated && !p.allowDeactivated:
 		return nil, account.ErrAccountDeactivated

@@ -16,13 +16,13 @@ import (
 // under the createSession rate limit, and not for a taken-down account.
 func TestOAuthSignInRules(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, func(o *Options) {
+	e := newOAuthEnv(t, oauthEnvOptions{options: func(o *Options) {
 		limits, err := ratelimit.NewSet(map[string][]ratelimit.Rule{
 			ratelimit.PolicyCreateSession: {{Limit: 4, Window: time.Hour}},
 		}, 100)
 		require.NoError(t, err)
 		o.Limits = limits
-	})
+	}})
 	app := e.app("app", "atproto", "transition:generic")
 	u := e.newUser()
 	appPass := e.post(t, "com.atproto.server.createAppPassword", u.access, map[string]any{"name": "old app"}).ok(t).str(t, "password")
@@ -66,7 +66,7 @@ func takedownBody(did string, applied bool) map[string]any {
 // the transaction that makes the change; the apps' tokens stop working.
 func TestOAuthAccountChangesEndGrants(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	app := e.app("app", "atproto", "transition:generic")
 
 	changes := []struct {
@@ -103,7 +103,7 @@ func TestOAuthAccountChangesEndGrants(t *testing.T) {
 // sees the app, takes its access back, and the app's token stops working.
 func TestOAuthAccountPage(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	app := e.app("listed", "atproto", "repo:app.bsky.feed.post?action=create")
 	sess := e.session(app, u)

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
-	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/oauth"
 )
 
@@ -39,7 +39,16 @@ type oauthEnv struct {
 	docs map[string]any
 }
 
-func newOAuthEnv(t *testing.T, configure func(*Options)) *oauthEnv {
+// oauthEnvOptions adjust an oauthEnv.
+type oauthEnvOptions struct {
+	// configure adjusts the server's configuration before it is final.
+	configure func(*config.Config)
+	// options adjusts the server's Options (rate limits, the proxy's
+	// outbound client).
+	options func(*Options)
+}
+
+func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
 	t.Helper()
 	e := &oauthEnv{t: t, dir: identity.NewMockDirectory(), docs: map[string]any{}}
 	mux := http.NewServeMux()
@@ -58,16 +67,15 @@ func newOAuthEnv(t *testing.T, configure func(*Options)) *oauthEnv {
 	t.Cleanup(e.apps.Close)
 	e.accountEnv = newAccountEnv(t, envOptions{
 		sessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
+		configure:     oo.configure,
+		blobs:         true,
 		options: func(o *Options) {
-			store, err := blob.NewDiskStore(o.Config.BlobDir)
-			require.NoError(t, err)
-			o.Blobs = blob.New(o.DB, store, blob.Config{Logger: o.Logger})
 			o.OAuth = &oauth.Config{
 				Issuer: o.Config.PublicURL(), Secret: []byte(o.Config.JWTSecret),
 				HTTPClient: e.apps.Client(), AllowPrivateClientIDs: true,
 			}
-			if configure != nil {
-				configure(o)
+			if oo.options != nil {
+				oo.options(o)
 			}
 		},
 	})
@@ -150,8 +158,9 @@ func (e *oauthEnv) upload(sess *indigo.ClientSession, mime, data string) int {
 }
 
 // xrpcCall is one authenticated call through the session, as an app makes
-// it (DPoP proofs, nonce retries, refresh on an expired token).
-func (e *oauthEnv) xrpcCall(sess *indigo.ClientSession, method, nsid string, body any) xrpcResult {
+// it (DPoP proofs, nonce retries, refresh on an expired token), with the
+// headers of extra (atproto-proxy).
+func (e *oauthEnv) xrpcCall(sess *indigo.ClientSession, method, nsid string, body any, extra ...http.Header) xrpcResult {
 	t := e.t
 	var rd io.Reader
 	if body != nil {
@@ -166,6 +175,11 @@ func (e *oauthEnv) xrpcCall(sess *indigo.ClientSession, method, nsid string, bod
 		req.GetBody = func() (io.ReadCloser, error) {
 			b, _ := json.Marshal(body)
 			return io.NopCloser(bytes.NewReader(b)), nil
+		}
+	}
+	for _, h := range extra {
+		for k, vs := range h {
+			req.Header[k] = vs
 		}
 	}
 	resp, err := sess.DoWithAuth(http.DefaultClient, req, syntax.NSID(strings.SplitN(nsid, "?", 2)[0]))

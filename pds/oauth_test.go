@@ -19,7 +19,7 @@ import (
 func TestOAuthIndigoClientFlow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	app := e.app("app", "atproto", "transition:generic")
 	sess := e.session(app, u)
@@ -83,7 +83,7 @@ func (e *oauthEnv) rawCall(sess interface {
 // repo:app.bsky.feed.post?action=create creates posts and nothing else.
 func TestOAuthScopeLimitsMethods(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	sess := e.session(e.app("poster", "atproto", "repo:app.bsky.feed.post?action=create"), u)
 	repoArg := u.did.String()
@@ -136,7 +136,7 @@ func TestOAuthScopeLimitsMethods(t *testing.T) {
 // a service-auth token for one method at one service.
 func TestOAuthScopeGrantsWhatItNames(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	sess := e.session(e.app("granular", "atproto", "repo:app.bsky.feed.like", "account:email", "blob:image/*",
 		"rpc:app.bsky.feed.getTimeline?aud=did:web:api.bsky.app%23bsky_appview"), u)
@@ -169,7 +169,7 @@ func TestOAuthScopeGrantsWhatItNames(t *testing.T) {
 // the key it is bound to.
 func TestOAuthTokenNeedsItsDPoPKey(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	sess := e.session(e.app("app", "atproto", "transition:generic"), u)
 	token := sess.Data.AccessToken
@@ -203,7 +203,7 @@ func TestOAuthTokenNeedsItsDPoPKey(t *testing.T) {
 // token (or with another browser's), and no code is issued.
 func TestOAuthConsentNeedsCSRF(t *testing.T) {
 	t.Parallel()
-	e := newOAuthEnv(t, nil)
+	e := newOAuthEnv(t, oauthEnvOptions{})
 	u := e.newUser()
 	app := e.app("app", "atproto", "transition:generic")
 	b := e.browser()
