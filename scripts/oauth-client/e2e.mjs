@@ -109,7 +109,10 @@ async function signInFlow (page, client, cb, user) {
   await checkPage(page, 'sign-in page', ['identifier', 'password', 'signin-submit', 'cancel'], check)
   await page.fill('#identifier', user.handle)
   await page.fill('#password', user.password)
-  await Promise.all([page.waitForURL(/\/oauth\/authorize/), page.click('#signin-submit')])
+  // The form posts to the same URL, so wait for what only the next page
+  // has.
+  await page.click('#signin-submit')
+  await page.locator('#consent-form').waitFor()
   return consent(page, cb, true)
 }
 
