@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
-	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
@@ -70,8 +69,7 @@ type oauthAccounts struct{ s *Server }
 func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
 	s := o.s
 	addr, _ := ctx.Value(clientAddrKey).(netip.Addr)
-	key := ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), ratelimit.IPKey(addr))
-	if l := s.protect.limits.Get(ratelimit.PolicyCreateSession); l != nil && !l.AllowN(key, 1).Allowed {
+	if l := s.protect.limits.Get(ratelimit.PolicyCreateSession); l != nil && !l.AllowN(loginKey(identifier, addr), 1).Allowed {
 		return oauth.Account{}, oauth.ErrRateLimited
 	}
 	if len(password) > account.MaxPasswordLength {
