@@ -90,8 +90,9 @@ func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) 
 	return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
 }
 
-// Get returns an account that may use OAuth: any but a taken-down one
-// (a deactivated account may sign in, to reactivate).
+// Get returns an account that may use OAuth: any but a taken-down one (a
+// deactivated account may sign in, as with createSession; the methods it
+// may then call are the ones that allow a deactivated account).
 func (o *oauthAccounts) Get(ctx context.Context, did syntax.DID) (oauth.Account, error) {
 	a, err := o.s.accounts.Get(ctx, did)
 	if errors.Is(err, account.ErrAccountNotFound) {
