@@ -130,6 +130,10 @@ type Config struct {
 	// Cleaners remove what other packages keep for an account (blob
 	// references, ...) inside the account's deletion transaction.
 	Cleaners []Cleaner
+	// SessionEnders end the sessions other packages keep for an account
+	// (OAuth grants) inside the transaction that ends the account's own:
+	// a takedown and a password reset.
+	SessionEnders []SessionEnder
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// Mail issues the mailed codes (confirm an address, reset a password,
@@ -144,6 +148,10 @@ type Config struct {
 type Cleaner interface {
 	DeleteAccountTx(ctx context.Context, tx db.DBTX, did syntax.DID) error
 }
+
+// SessionEnder ends every session another package keeps for did, inside
+// tx; an error aborts the change that ends them.
+type SessionEnder func(ctx context.Context, tx db.DBTX, did syntax.DID) error
 
 // Service manages accounts and sessions.
 type Service struct {

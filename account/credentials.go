@@ -14,9 +14,10 @@ import (
 // Password changes. Whoever sets a new password (an administrator, or the
 // holder of the mailbox through resetPassword) ends, in the same
 // transaction, everything the old password let anybody do: sessions
-// (refresh tokens, and with them the access tokens of those sessions), app
-// passwords (which would otherwise keep logging in), and codes mailed but
-// not used. The reference PDS ends the sessions only.
+// (refresh tokens, and with them the access tokens of those sessions, and
+// the OAuth grants of Config.SessionEnders), app passwords (which would
+// otherwise keep logging in), and codes mailed but not used. The
+// reference PDS ends the sessions only.
 
 // newPasswordHash checks a new password against the rules and hashes it.
 func (s *Service) newPasswordHash(ctx context.Context, password string) (string, error) {
@@ -36,8 +37,8 @@ func (s *Service) replacePassword(ctx context.Context, tx db.DBTX, did syntax.DI
 	if tag.RowsAffected() == 0 {
 		return ErrAccountNotFound
 	}
-	if _, err := tx.Exec(ctx, qDeleteAllSessions, did.String()); err != nil {
-		return db.Translate(err)
+	if err := s.endAllSessions(ctx, tx, did); err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, qDeleteAllAppPasswords, did.String()); err != nil {
 		return db.Translate(err)

@@ -193,7 +193,7 @@ func (s *Service) ModerateAccount(ctx context.Context, did syntax.DID, m Moderat
 	}
 	return s.setStatus(ctx, did, m.next, func(ctx context.Context, tx db.DBTX, from, to Status) error {
 		if t := m.Takedown; t != nil {
-			if err := applyAccountTakedown(ctx, tx, did, t); err != nil {
+			if err := s.applyAccountTakedown(ctx, tx, did, t); err != nil {
 				return err
 			}
 		}
@@ -212,7 +212,7 @@ func (s *Service) ModerateAccount(ctx context.Context, did syntax.DID, m Moderat
 
 // applyAccountTakedown keeps (or drops) the ref of did's takedown; applying
 // one ends every session of did.
-func applyAccountTakedown(ctx context.Context, tx db.DBTX, did syntax.DID, t *StatusAttr) error {
+func (s *Service) applyAccountTakedown(ctx context.Context, tx db.DBTX, did syntax.DID, t *StatusAttr) error {
 	if !t.Applied {
 		_, err := removeTakedown(ctx, tx, did, TakedownAccount, "")
 		return err
@@ -220,8 +220,21 @@ func applyAccountTakedown(ctx context.Context, tx db.DBTX, did syntax.DID, t *St
 	if err := putTakedown(ctx, tx, &Takedown{DID: did, Kind: TakedownAccount, Ref: t.RefString()}); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, qDeleteAllSessions, did.String())
-	return db.Translate(err)
+	return s.endAllSessions(ctx, tx, did)
+}
+
+// endAllSessions ends every session of did inside tx: its own refresh
+// tokens (and so its access tokens) and those of Config.SessionEnders.
+func (s *Service) endAllSessions(ctx context.Context, tx db.DBTX, did syntax.DID) error {
+	if _, err := tx.Exec(ctx, qDeleteAllSessions, did.String()); err != nil {
+		return db.Translate(err)
+	}
+	for _, end := range s.cfg.SessionEnders {
+		if err := end(ctx, tx, did); err != nil {
+			return fmt.Errorf("ending sessions: %w", err)
+		}
+	}
+	return nil
 }
 
 // SetTakedown takes a record or a blob down (applied, with t's CID and ref)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -192,20 +193,42 @@ func (s *Service) Logout(ctx context.Context, refreshToken string) error {
 
 // Auth is an authenticated request's identity.
 type Auth struct {
-	DID       syntax.DID
-	Handle    syntax.Handle
-	Status    Status
-	Scope     string
+	DID    syntax.DID
+	Handle syntax.Handle
+	Status Status
+	// Scope is the session token's scope (ScopeAccess, ScopeAppPass,
+	// ScopeAppPassPrivileged), or an OAuth grant's scope.
+	Scope string
+	// SessionID names the session, or the OAuth grant.
 	SessionID string
+	// OAuth is set for a request made with an OAuth access token: what
+	// the grant allows. Such a session is never full-access or
+	// privileged; each method checks the permission it needs instead.
+	OAuth *oauth.AccessInfo
 }
 
 // FullAccess reports whether the session was made with the account
 // password (not an app password).
-func (a *Auth) FullAccess() bool { return a.Scope == ScopeAccess }
+func (a *Auth) FullAccess() bool { return a.OAuth == nil && a.Scope == ScopeAccess }
 
 // Privileged reports whether the session may use privileged methods (full
 // access or a privileged app password).
-func (a *Auth) Privileged() bool { return a.Scope == ScopeAccess || a.Scope == ScopeAppPassPrivileged }
+func (a *Auth) Privileged() bool {
+	return a.OAuth == nil && (a.Scope == ScopeAccess || a.Scope == ScopeAppPassPrivileged)
+}
+
+// AllowsRPC reports whether the session may call method lxm on the service
+// aud (a did#service reference or a bare DID) through the service proxy or
+// with a service-auth token: always for password and app-password sessions
+// (their own rules, protected and privileged methods, apply elsewhere),
+// and for an OAuth session only within its grant's rpc: permissions (or
+// transition:generic, plus transition:chat.bsky for chat).
+func (a *Auth) AllowsRPC(lxm, aud string) bool {
+	if a.OAuth == nil {
+		return true
+	}
+	return a.OAuth.CanRPC(lxm, aud)
+}
 
 // Authenticate verifies an access token: signature, type, audience,
 // expiry, scope, and (one query) that its account exists and its session

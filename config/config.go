@@ -262,6 +262,12 @@ type Config struct {
 	// per-record limits (relays drop them) instead of refusing the
 	// repository. They never go out in a #commit.
 	ImportAllowOversize bool
+	// OAuthAllowPrivateClients lets OAuth apps publish their client
+	// metadata at an IP address, a port or a local name (localhost,
+	// *.local, ...), fetched from loopback and private networks too. For
+	// development only: on a public server it lets anyone who starts a
+	// sign-in make the server fetch from its own network.
+	OAuthAllowPrivateClients bool
 	// InviteRequired makes createAccount require an invite code. Unless
 	// the flag or environment sets it, Finalize turns it on for a public
 	// host name (as the reference PDS does); a local one stays open.

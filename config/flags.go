@@ -83,6 +83,7 @@ func (c *Config) settings() []setting {
 		{"max-json-body", "largest JSON procedure body, like 2MiB", (*byteSize)(&c.MaxJSONBody)},
 		{"max-import-size", "largest repository CAR importRepo accepts, like 1GiB", (*byteSize)(&c.MaxImportSize)},
 		{"import-allow-oversize", "let importRepo store records over the per-record limits instead of refusing the repository", (*boolValue)(&c.ImportAllowOversize)},
+		{"oauth-allow-private-clients", "development only: accept OAuth client_id URLs on IP addresses, ports and local names, fetched from private networks", (*boolValue)(&c.OAuthAllowPrivateClients)},
 		{"invite-required", "require an invite code to create an account (default: true for a public host name, false for a local one)", &trackedBool{v: &c.InviteRequired, set: &c.inviteSet}},
 		{"contact-email", "contact address published by describeServer", (*stringValue)(&c.ContactEmail)},
 		{"privacy-policy-url", "privacy policy link published by describeServer", (*stringValue)(&c.PrivacyPolicyURL)},

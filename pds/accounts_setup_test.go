@@ -72,6 +72,8 @@ type envOptions struct {
 	// blobs wires a blob service on disk, as serve does: the engine
 	// tracks blob references, account deletion cleans them up.
 	blobs bool
+	// sessionEnders are passed to account.Config.SessionEnders.
+	sessionEnders []account.SessionEnder
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -146,7 +148,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer,
+		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer, SessionEnders: opts.sessionEnders,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs, Keys: keys}

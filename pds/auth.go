@@ -33,6 +33,9 @@ type authPolicy struct {
 	allowTakendown   bool
 	fullAccess       bool // the account password, not an app password
 	privileged       bool // full access or a privileged app password
+	// oauth is what an OAuth session needs (nil: transition:generic, or
+	// nothing reaches the method when fullAccess or privileged is set).
+	oauth *oauthNeed
 }
 
 // authOption relaxes or tightens requireAuth.
@@ -79,11 +82,16 @@ func bearerToken(r *http.Request) (string, error) {
 //	// auth.DID is the caller
 //
 // By default the account must be active and any session scope (including
-// app passwords) is accepted; options change that. Errors are XRPC errors:
-// 401 AuthenticationRequired without a token, 400 ExpiredToken /
-// InvalidToken for a bad, expired, wrong-type or ended one, 401
-// AccountDeactivated / AccountTakedown, 400 InvalidToken "bad token scope"
-// for an app password on a full-access method (as the reference PDS does).
+// app passwords) is accepted; options change that. "Authorization: DPoP"
+// (an OAuth access token and its DPoP proof) is requireOAuth's: a grant
+// passes where its permissions reach (auth_oauth.go says which).
+//
+// Errors are XRPC errors: 401 AuthenticationRequired without a token, 400
+// ExpiredToken / InvalidToken for a bad, expired, wrong-type or ended one,
+// 401 AccountDeactivated / AccountTakedown, 400 InvalidToken "bad token
+// scope" for an app password on a full-access method (as the reference
+// PDS does); for OAuth, 401 with the DPoP challenge for a bad token or
+// proof and 403 InsufficientScope for a method outside the grant.
 func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth, error) {
 	var p authPolicy
 	for _, o := range opts {
@@ -91,6 +99,9 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 	}
 	if s.accounts == nil {
 		return nil, MethodNotImplemented("this server has no accounts configured")
+	}
+	if s.oauth != nil && isDPoPAuth(r) {
+		return s.requireOAuth(r, p)
 	}
 	token, err := bearerToken(r)
 	if err != nil {
@@ -123,23 +134,30 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 // refused here as any authenticated method refuses them. A deactivated
 // account may still read through the proxy (as the reference PDS allows,
 // for an account migrating away); a taken-down one may not. Privileged is
-// a full-access session or a privileged app password. Other kinds of
-// credentials extend this one function.
+// a full-access session or a privileged app password. An OAuth session
+// goes where its grant's rpc: permissions reach (checkRPCAccess's rule:
+// the proxy asks Permits once it knows the target), chat included when
+// granted, in place of the privileged-session rule.
 func (s *Server) proxyCaller(r *http.Request) (proxy.Caller, error) {
 	if r.Header.Get("Authorization") == "" {
 		return proxy.Caller{}, nil
 	}
-	a, err := s.requireAuth(r, allowDeactivated())
+	a, err := s.requireAuth(r, allowDeactivated(), oauthAnyGrant())
 	if err != nil {
 		return proxy.Caller{}, err
 	}
-	return proxy.Caller{DID: a.DID, Authenticated: true, Privileged: a.Privileged()}, nil
+	c := proxy.Caller{DID: a.DID, Authenticated: true, Privileged: a.Privileged()}
+	if a.OAuth != nil {
+		c.Privileged, c.Permits = true, a.AllowsRPC
+	}
+	return c, nil
 }
 
 // requireRepoAuth is requireAuth for a write to repo (a DID or handle): the
 // caller must own it. Writing to another account's repo is 403 Forbidden.
+// An OAuth session's permissions are checked per write (checkRepoScope).
 func (s *Server) requireRepoAuth(r *http.Request, repoID string) (*account.Auth, error) {
-	a, err := s.requireAuth(r)
+	a, err := s.requireAuth(r, oauthAnyGrant())
 	if err != nil {
 		return nil, err
 	}

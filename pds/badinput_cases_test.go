@@ -481,6 +481,9 @@ func authCases(verb string, s lexSchema) []sweepCase {
 		"Bearer eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJkaWQ6cGxjOmFhYWEiLCJzY29wZSI6ImNvbS5hdHByb3RvLmFjY2VzcyJ9.",
 		"Bearer eyJhbGciOiJIUzI1NiJ9.bm90IGpzb24.c2ln",
 		"DPoP abc",
+		"DPoP " + strings.Repeat("a", 5000),
+		// A well-formed token signed with another key, and no proof.
+		"DPoP eyJhbGciOiJIUzI1NiIsInR5cCI6ImF0K2p3dCJ9.eyJzdWIiOiJkaWQ6cGxjOmFhYWEifQ.c2lnbmF0dXJl",
 	}
 	var out []sweepCase
 	for _, tok := range tokens {

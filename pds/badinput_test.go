@@ -16,6 +16,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/blob"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/oauth"
 )
 
 // The bad-input sweep. Every XRPC method in the server's method table is
@@ -62,6 +63,8 @@ func badInputEnv(t *testing.T, logs *lockedBuffer) *accountEnv {
 		t.Cleanup(func() { cancel(); <-done })
 		o.Firehose = hub
 		o.FirehoseAdmission = &firehose.AdmissionConfig{Burst: 100000}
+		// OAuth on: every method also meets broken DPoP credentials.
+		o.OAuth = &oauth.Config{Issuer: o.Config.PublicURL(), Secret: []byte(o.Config.JWTSecret)}
 	}})
 }
 

@@ -8,6 +8,8 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/bulwark-pds/bulwark/oauth"
 )
 
 // uploadIdleTimeout is how long an upload may go without a byte arriving.
@@ -27,7 +29,8 @@ type uploadBlobOutput struct {
 // reference PDS: migrating into this server uploads blobs before
 // activation.
 func (s *Server) handleUploadBlob(w http.ResponseWriter, r *http.Request) error {
-	did, err := s.uploader(r)
+	mime := r.Header.Get("Content-Type")
+	did, err := s.uploader(r, oauthAllows("blob:"+mime, func(a *oauth.AccessInfo) bool { return a.CanBlob(mime) }))
 	if err != nil {
 		return err
 	}
@@ -46,12 +49,12 @@ func (s *Server) handleUploadBlob(w http.ResponseWriter, r *http.Request) error 
 type callerFunc func(r *http.Request) (syntax.DID, error)
 
 // uploader is the account an upload is for: the caller's session, or the
-// test hook when set.
-func (s *Server) uploader(r *http.Request) (syntax.DID, error) {
+// test hook when set. opts add to requireAuth's (an OAuth permission).
+func (s *Server) uploader(r *http.Request, opts ...authOption) (syntax.DID, error) {
 	if s.callerDID != nil {
 		return s.callerDID(r)
 	}
-	a, err := s.requireAuth(r, allowDeactivated())
+	a, err := s.requireAuth(r, append([]authOption{allowDeactivated()}, opts...)...)
 	if err != nil {
 		return "", err
 	}

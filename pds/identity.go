@@ -64,7 +64,7 @@ func (s *Server) handleResolveHandle(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Server) handleUpdateHandle(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, fullAccessOnly())
+	auth, err := s.requireAuth(r, fullAccessOnly(), oauthIdentity("handle"))
 	if err != nil {
 		return err
 	}

@@ -110,7 +110,7 @@ type signPlcOperationInput struct {
 }
 
 func (s *Server) handleSignPlcOperation(w http.ResponseWriter, r *http.Request) error {
-	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated())
+	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), oauthIdentity("*"))
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func (s *Server) handleSignPlcOperation(w http.ResponseWriter, r *http.Request) 
 }
 
 func (s *Server) handleSubmitPlcOperation(w http.ResponseWriter, r *http.Request) error {
-	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated())
+	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), oauthIdentity("*"))
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package pds
 import (
 	"context"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -181,8 +182,14 @@ func (s *Server) limitDID(w http.ResponseWriter, policy string, did syntax.DID) 
 // addresses guessing one account's are both slowed, while a user who
 // mistypes is not locked out by an attacker elsewhere.
 func (s *Server) limitLogin(w http.ResponseWriter, r *http.Request, identifier string) error {
-	key := ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), s.ipKey(r))
-	return s.rateLimit(w, ratelimit.PolicyCreateSession, key, 1)
+	return s.rateLimit(w, ratelimit.PolicyCreateSession, loginKey(identifier, s.clientIP(r)), 1)
+}
+
+// loginKey is the createSession limit's key: the identifier as typed (case
+// and spaces aside) and the client's address. The OAuth sign-in page uses
+// it too, so both ways of signing in share one budget.
+func loginKey(identifier string, addr netip.Addr) string {
+	return ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), ratelimit.IPKey(addr))
 }
 
 // globalLimit is the per-address limit every XRPC method is under, checked

@@ -158,5 +158,9 @@ func proxyError(err error) *XRPCError {
 		e.Err = err
 		return e
 	}
-	return &XRPCError{Status: pe.Status, Name: pe.Name, Message: pe.Message, Err: err}
+	xe := &XRPCError{Status: pe.Status, Name: pe.Name, Message: pe.Message, Err: err}
+	if errors.Is(err, proxy.ErrNotPermitted) {
+		xe.Header = insufficientScope("").Header
+	}
+	return xe
 }

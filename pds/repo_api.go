@@ -144,7 +144,11 @@ type writeOutput struct {
 // (createRecord, putRecord, deleteRecord).
 // commit applies writes as auth's commit. A commit refused by the session
 // guard is answered with the error the full session check gives.
+// An OAuth session's grant must cover every write (checkRepoScope).
 func (s *Server) commit(w http.ResponseWriter, r *http.Request, auth *writeAuth, writes []repo.Write, swapCommit *cid.Cid) (*repo.CommitResult, error) {
+	if err := checkRepoScope(auth.Auth, writes); err != nil {
+		return nil, err
+	}
 	res, err := s.applyGuarded(w, r, auth.DID, writes, swapCommit, auth.guard)
 	if err != nil && auth.guard != nil && account.IsSessionRefused(err) {
 		if _, aerr := s.requireAuth(r); aerr != nil {
@@ -253,9 +257,14 @@ func (s *Server) handlePutRecord(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.commit(w, r, t.auth, []repo.Write{{
+	writes := []repo.Write{{
 		Action: repo.ActionUpdate, Collection: t.collection, RKey: t.rkey, Record: rec, SwapRecord: t.swapRecord,
-	}}, t.swapCommit)
+	}}
+	// putRecord creates the record when it is not there yet.
+	if err := checkRepoScope(t.auth.Auth, writes, string(repo.ActionCreate)); err != nil {
+		return err
+	}
+	res, err := s.commit(w, r, t.auth, writes, t.swapCommit)
 	if err != nil {
 		return err
 	}

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"time"
 
-
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -90,7 +90,7 @@ func importBody(w http.ResponseWriter, r *http.Request) *idleReader {
 // the import is announced as #sync. The answer has no body, as the
 // lexicon says.
 func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
-	a, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
+	a, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly(), oauthAccount("repo", oauth.ActionManage))
 	if err != nil {
 		return err
 	}

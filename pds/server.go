@@ -46,6 +46,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/proxy"
@@ -118,6 +119,12 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// OAuth, when set, makes the server an OAuth authorization server
+	// (package oauth: its Issuer, Secret and HTTPClient come from here;
+	// New fills in Pool, Accounts and, when nil, Logger) and lets every
+	// XRPC method accept its DPoP-bound access tokens within their
+	// granted scope. Needs Accounts.
+	OAuth *oauth.Config
 	// Outbound is the shared client for URLs users influence (service
 	// proxying, handle and did:web resolution), built with
 	// Config.ProxyAllowPrivate. Nil: no service proxying; methods this
@@ -179,6 +186,8 @@ type Server struct {
 	serviceAuth *auth.ServiceAuthValidator
 
 	blobs *blob.Service
+	// oauth is the OAuth authorization server (nil: no OAuth).
+	oauth *oauth.Server
 	// callerDID, when set (tests), replaces session auth for the blob
 	// methods: it returns the calling account.
 	callerDID callerFunc
@@ -253,6 +262,13 @@ func New(opts Options) (*Server, error) {
 		}
 		s.carCache = c
 	}
+	if opts.OAuth != nil {
+		o, err := s.newOAuth(opts)
+		if err != nil {
+			return nil, err
+		}
+		s.oauth = o
+	}
 	if opts.Firehose != nil {
 		s.firehose = opts.Firehose
 		s.subscribeAdmission = newSubscribeAdmission(opts)
@@ -295,7 +311,8 @@ func (s *Server) routes() {
 	// Paths outside /xrpc.
 	s.mux.HandleFunc("GET /{$}", s.handleRoot)
 	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
-	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
+	s.mountOAuth()
+	s.mux.HandleFunc("/xrpc/", s.withDPoPNonce(s.serveXRPC))
 	if s.console != nil {
 		s.mux.Handle("/admin/", s.console)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
@@ -75,7 +76,7 @@ func (s *Server) requestCode(purpose email.Purpose, policy string, opts ...authO
 // handleRequestEmailConfirmation mails a confirm_email code. Any session
 // may ask, as with the reference PDS (app passwords included).
 func (s *Server) handleRequestEmailConfirmation(w http.ResponseWriter, r *http.Request) error {
-	return s.requestCode(email.PurposeConfirmEmail, policyRequestEmailConfirmation)(w, r)
+	return s.requestCode(email.PurposeConfirmEmail, policyRequestEmailConfirmation, oauthAccount("email", oauth.ActionManage))(w, r)
 }
 
 // handleRequestAccountDelete mails a delete_account code, which
@@ -87,7 +88,7 @@ func (s *Server) handleRequestAccountDelete(w http.ResponseWriter, r *http.Reque
 // handleRequestPlcOperationSignature mails a plc_operation code, which
 // com.atproto.identity.signPlcOperation wants.
 func (s *Server) handleRequestPlcOperationSignature(w http.ResponseWriter, r *http.Request) error {
-	return s.requestCode(email.PurposePLCOperation, policyRequestPlcOperationSignature, fullAccessOnly())(w, r)
+	return s.requestCode(email.PurposePLCOperation, policyRequestPlcOperationSignature, fullAccessOnly(), oauthIdentity("*"))(w, r)
 }
 
 type confirmEmailInput struct {
@@ -96,7 +97,7 @@ type confirmEmailInput struct {
 }
 
 func (s *Server) handleConfirmEmail(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, allowDeactivated())
+	auth, err := s.requireAuth(r, allowDeactivated(), oauthAccount("email", oauth.ActionManage))
 	if err != nil {
 		return err
 	}
@@ -115,7 +116,7 @@ func (s *Server) handleConfirmEmail(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleRequestEmailUpdate(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated())
+	auth, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), oauthAccount("email", oauth.ActionManage))
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ type updateEmailInput struct {
 }
 
 func (s *Server) handleUpdateEmail(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated())
+	auth, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), oauthAccount("email", oauth.ActionManage))
 	if err != nil {
 		return err
 	}

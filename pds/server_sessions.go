@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/oauth"
 )
 
 // registerSessionRoutes registers the com.atproto.server session methods.
@@ -92,7 +93,9 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Server) handleGetSession(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, allowDeactivated())
+	// Any OAuth grant may learn whose account it is; the email address
+	// needs account:email (or transition:email).
+	auth, err := s.requireAuth(r, allowDeactivated(), oauthAnyGrant())
 	if err != nil {
 		return err
 	}
@@ -100,7 +103,11 @@ func (s *Server) handleGetSession(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	out, err := s.sessionOutput(r, a, nil, auth.Privileged())
+	withEmail := auth.Privileged()
+	if auth.OAuth != nil {
+		withEmail = auth.OAuth.CanAccount("email", oauth.ActionRead)
+	}
+	out, err := s.sessionOutput(r, a, nil, withEmail)
 	if err != nil {
 		return err
 	}

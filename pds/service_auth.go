@@ -25,7 +25,7 @@ func (s *Server) registerServiceAuthRoutes() {
 const createAccountNSID = "com.atproto.server.createAccount"
 
 func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, allowTakendown())
+	auth, err := s.requireAuth(r, allowTakendown(), oauthAnyGrant())
 	if err != nil {
 		return err
 	}
@@ -53,9 +53,11 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 		if proxy.IsProtected(nsid) {
 			return InvalidRequest("cannot request a service auth token for the protected method %s", lxm)
 		}
-		if proxy.IsPrivileged(nsid) && !auth.Privileged() {
-			return InvalidRequest("insufficient access to request a service auth token for %s", lxm)
-		}
+	}
+	// A token without lxm is one for any method: an OAuth session needs
+	// rpc:* for it.
+	if err := checkRPCAccess(auth, lxm, aud); err != nil {
+		return err
 	}
 	ttl := account.ServiceAuthDefaultTTL
 	if expRaw != "" {

@@ -192,3 +192,27 @@ func TestGetFeedToken(t *testing.T) {
 	require.Equal(t, "InvalidRequest", r.err["error"])
 	require.Len(t, rec.auths, 2, "failed lookups never reach getFeed")
 }
+
+// TestCallerPermits: a caller limited by Permits (an OAuth grant) is asked
+// about the method at its target's did#service reference; a refusal is a
+// 403 InsufficientScope and nothing reaches the service.
+func TestCallerPermits(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, jsonOK(`{}`))
+	var asked []string
+	c := Caller{Permits: func(lxm, aud string) bool {
+		asked = append(asked, lxm+" "+aud)
+		return lxm == "app.bsky.feed.getTimeline"
+	}}
+	f := newFront(t, Config{AppViewURL: up.URL, AppViewDID: appViewDID}, c)
+	require.Equal(t, 200, f.get(t, "app.bsky.feed.getTimeline", nil).status)
+	r := f.get(t, "app.bsky.feed.getAuthorFeed", nil)
+	require.Equal(t, 403, r.status)
+	require.Equal(t, "InsufficientScope", r.err["error"])
+	require.Contains(t, r.err["message"], "rpc:app.bsky.feed.getAuthorFeed?aud=did:web:appview.test#bsky_appview")
+	require.Equal(t, int64(1), up.hits.Load())
+	require.Equal(t, []string{
+		"app.bsky.feed.getTimeline did:web:appview.test#bsky_appview",
+		"app.bsky.feed.getAuthorFeed did:web:appview.test#bsky_appview",
+	}, asked)
+}

@@ -27,6 +27,9 @@ var (
 	ErrProtectedMethod = errors.New("method cannot be proxied")
 	// ErrPrivilegedMethod: the method needs a privileged session.
 	ErrPrivilegedMethod = errors.New("method needs privileged access")
+	// ErrNotPermitted: the caller's grant (Caller.Permits) does not reach
+	// the method at its target.
+	ErrNotPermitted = errors.New("method not permitted at this service")
 	// ErrBadRequest: the request cannot be forwarded as sent (HTTP method,
 	// oversized header, malformed parameter).
 	ErrBadRequest = errors.New("request cannot be proxied")
@@ -101,6 +104,9 @@ func statusFor(sentinel error) (int, string) {
 	case ErrProtectedMethod, ErrPrivilegedMethod:
 		// The reference PDS's answer: a 400 named InvalidToken.
 		return http.StatusBadRequest, "InvalidToken"
+	case ErrNotPermitted:
+		// RFC 6750's insufficient_scope, as an XRPC error.
+		return http.StatusForbidden, "InsufficientScope"
 	case ErrUnknownFeed:
 		return http.StatusBadRequest, "UnknownFeed"
 	case ErrNotConfigured:

@@ -106,6 +106,9 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, nsid syntax.NSID
 	if t.URL == "" {
 		return newError(ErrNotConfigured, nil, "no service configured for %s", nsid)
 	}
+	if aud := string(t.DID) + "#" + t.ServiceID; c.Permits != nil && !c.Permits(string(nsid), aud) {
+		return newError(ErrNotPermitted, nil, "this app's access to the account does not include %s at %s: it needs the permission rpc:%s?aud=%s", nsid, aud, nsid, aud)
+	}
 	authz, err := p.authorization(r.Context(), r, nsid, t, c)
 	if err != nil {
 		return err

@@ -17,6 +17,11 @@ type Caller struct {
 	// Privileged is true for a full-access session or a privileged app
 	// password: what chat.bsky.* and createAccount tokens require.
 	Privileged bool
+	// Permits, when set, limits where the caller's requests may go (an
+	// OAuth grant's rpc: permissions): it reports whether method lxm may
+	// be called at aud, the target's did#service reference. Nil: no limit
+	// beyond Privileged.
+	Permits func(lxm, aud string) bool
 }
 
 // protectedMethods manage the account and must be called on the PDS

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
 )
@@ -56,6 +57,9 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		Cleaners:       cleaners,
 		Logger:         logger,
 		Mail:           mailer,
+		// A takedown or a password change ends the account's OAuth
+		// grants with its sessions; deleting the account deletes them.
+		SessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
 	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("accounts: %w", err)

@@ -204,6 +204,7 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 		Logger:     logger,
 	})
 	opts.Keys = keys
+	opts.OAuth = newOAuthConfig(cfg, opts.Outbound, logger)
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}
@@ -222,6 +223,10 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
+	services = append(services, service{name: "oauth cleanup", run: func(ctx context.Context) error {
+		srv.OAuth().Run(ctx, 0)
+		return nil
+	}})
 	slots := srv.ExportSlots()
 	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())

@@ -1,0 +1,108 @@
+package pds
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+)
+
+// The OAuth authorization server (package oauth) on this server's mux:
+// the metadata documents, PAR, the sign-in and consent pages, token,
+// revocation and the connected-apps page, with accounts signed in through
+// the account service under the createSession rate limit.
+
+// newOAuth builds the authorization server of opts.OAuth over this
+// server's database and accounts.
+func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
+	if s.accounts == nil {
+		return nil, errors.New("pds: OAuth needs accounts")
+	}
+	cfg := *opts.OAuth
+	cfg.Pool = s.db
+	cfg.Accounts = &oauthAccounts{s: s}
+	if cfg.Logger == nil {
+		cfg.Logger = s.logger
+	}
+	return oauth.New(cfg)
+}
+
+// OAuth is the authorization server (nil without Options.OAuth). The
+// caller runs its Run, which deletes expired state.
+func (s *Server) OAuth() *oauth.Server { return s.oauth }
+
+// mountOAuth puts the OAuth endpoints on the server's mux. They run with
+// the client's address in their context, which the sign-in rate limit is
+// keyed by.
+func (s *Server) mountOAuth() {
+	if s.oauth == nil {
+		return
+	}
+	om := http.NewServeMux()
+	s.oauth.Routes(om)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		om.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientAddrKey, s.clientIP(r))))
+	})
+	s.mux.Handle("/oauth/", h)
+	s.mux.Handle(oauth.PathASMetadata, h)
+	s.mux.Handle(oauth.PathRSMetadata, h)
+}
+
+type clientAddrKeyType struct{}
+
+// clientAddrKey holds the client's address in an OAuth request's context.
+var clientAddrKey clientAddrKeyType
+
+// oauthAccounts is oauth.Accounts over the account service.
+type oauthAccounts struct{ s *Server }
+
+// Login signs a person in on the authorization pages: the account's own
+// password only (an app password is refused as a wrong password: it is
+// for apps that cannot do OAuth), under the createSession limit keyed by
+// identifier and address as createSession is.
+func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
+	s := o.s
+	addr, _ := ctx.Value(clientAddrKey).(netip.Addr)
+	if l := s.protect.limits.Get(ratelimit.PolicyCreateSession); l != nil && !l.AllowN(loginKey(identifier, addr), 1).Allowed {
+		return oauth.Account{}, oauth.ErrRateLimited
+	}
+	if len(password) > account.MaxPasswordLength {
+		return oauth.Account{}, oauth.ErrLoginFailed
+	}
+	a, app, err := s.accounts.Login(ctx, identifier, password)
+	switch {
+	case errors.Is(err, account.ErrAuthFailed):
+		return oauth.Account{}, oauth.ErrLoginFailed
+	case errors.Is(err, account.ErrAccountTakendown):
+		return oauth.Account{}, oauth.ErrAccountUnavailable
+	case err != nil:
+		return oauth.Account{}, err
+	case app != nil:
+		s.logger.Info("app password refused on the OAuth sign-in page", "did", a.DID)
+		return oauth.Account{}, oauth.ErrLoginFailed
+	}
+	return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
+}
+
+// Get returns an account that may use OAuth: any but a taken-down one (a
+// deactivated account may sign in, as with createSession; the methods it
+// may then call are the ones that allow a deactivated account).
+func (o *oauthAccounts) Get(ctx context.Context, did syntax.DID) (oauth.Account, error) {
+	a, err := o.s.accounts.Get(ctx, did)
+	if errors.Is(err, account.ErrAccountNotFound) {
+		return oauth.Account{}, oauth.ErrAccountUnavailable
+	}
+	if err != nil {
+		return oauth.Account{}, err
+	}
+	if a.Status == account.StatusTakendown {
+		return oauth.Account{}, oauth.ErrAccountUnavailable
+	}
+	return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
+}
