@@ -153,6 +153,12 @@ func (s *Server) rateLimit(w http.ResponseWriter, policy, key string, points int
 	for _, k := range []string{ratelimit.HeaderLimit, ratelimit.HeaderRemaining, ratelimit.HeaderReset, ratelimit.HeaderPolicy, ratelimit.HeaderRetryAfter} {
 		h.Del(k)
 	}
+	return rateLimitError(policy, d, now)
+}
+
+// rateLimitError is the 429 of a refused decision of policy, carrying the
+// RateLimit-* headers and Retry-After.
+func rateLimitError(policy string, d ratelimit.Decision, now time.Time) *XRPCError {
 	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", "rate limit exceeded (%s, %d per %s); retry in %s",
 		policy, d.Rule.Limit, d.Rule.Window, d.RetryAfter.Round(time.Second))
 	e.Header = ratelimit.Headers(d, now)

@@ -397,12 +397,12 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				s.logger.LogAttrs(ctx, level, "request",
 					slog.String("request_id", id),
 					slog.String("method", r.Method),
-					slog.String("path", r.URL.Path),
+					slog.String("path", clip(r.URL.Path, maxLoggedPath)),
 					slog.Int("status", status),
 					slog.Int64("bytes", rec.bytes),
 					slog.Duration("duration", elapsed),
 					slog.String("client", s.clientIP(r).String()),
-					slog.String("user_agent", r.UserAgent()),
+					slog.String("user_agent", userAgent(r)),
 				)
 			}
 			s.observeRequest(r, status, rec.hijacked, elapsed)
@@ -419,7 +419,7 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				// net/http's way to abort a response silently.
 				panic(v)
 			}
-			s.logger.Error("panic in handler", "request_id", id, "path", r.URL.Path,
+			s.logger.Error("panic in handler", "request_id", id, "path", clip(r.URL.Path, maxLoggedPath),
 				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			if rec.wroteHeader || rec.hijacked {
 				// Too late for an error body; make sure the client does not

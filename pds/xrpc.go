@@ -25,7 +25,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	xe := xrpcErrorFor(err)
 	status := xe.Status
 	logger := func() *slog.Logger {
-		return s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
+		return s.logger.With("request_id", RequestID(r.Context()), "path", clip(r.URL.Path, maxLoggedPath))
 	}
 	// A 503 is a refusal under load, like a 429: logging each at error
 	// level would add a synchronous write per refused request exactly when
@@ -42,7 +42,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			logger().Error("request failed", "status", xe.Status, "error", err)
 		}
 	} else if s.logger.Enabled(r.Context(), slog.LevelDebug) {
-		logger().Debug("request refused", "status", xe.Status, "error", xe.Name, "message", xe.Message)
+		logger().Debug("request refused", "status", xe.Status, "error", xe.Name, "message", clip(xe.Message, maxLoggedMessage))
 	}
 	if rec, ok := w.(*responseRecorder); ok && rec.wroteHeader {
 		logger().Warn("error after the response started; cannot report it to the client", "error", err)
@@ -82,7 +82,7 @@ func decodeJSON(r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return InvalidRequest("request body must be application/json, not %q", ct)
+			return InvalidRequest("request body must be application/json, not %q", clip(ct, maxQuoted))
 		}
 	}
 	dec := json.NewDecoder(r.Body)
