@@ -198,6 +198,15 @@ type Config struct {
 	LogLevel slog.Level
 	// LogFormat is "text" (readable) or "json" (for log collectors).
 	LogFormat string
+	// ProxyAllowPrivate are networks the server's outbound requests
+	// (service proxy, handle resolution, OAuth client metadata, relay
+	// watch) may reach although they are not public; every other
+	// non-public address is refused. Empty: none.
+	ProxyAllowPrivate []netip.Prefix
+	// ListMaxBytes bounds the record bytes of one listRecords page (and
+	// of a getBlocks answer held at once): a page ends early, with a
+	// cursor, rather than pass it.
+	ListMaxBytes int64
 
 	// envErrs collects environment values that did not parse; Validate
 	// reports them so that a typo in the environment stops the server
@@ -234,6 +243,7 @@ func DefaultConfig() *Config {
 		BlobTempTTL:            DefaultBlobTempTTL,
 		LogLevel:               slog.LevelInfo,
 		LogFormat:              DefaultLogFormat,
+		ListMaxBytes:           DefaultListMaxBytes,
 	}
 }
 

@@ -72,6 +72,8 @@ func (c *Config) settings() []setting {
 		{"shutdown-timeout", "how long a stopping server waits for requests in flight", (*durationValue)(&c.ShutdownTimeout)},
 		{"log-level", "minimum log level: debug, info, warn, error", (*levelValue)(&c.LogLevel)},
 		{"log-format", "log format: text or json", (*stringValue)(&c.LogFormat)},
+		{"proxy-allow-private", "comma-separated CIDRs outbound requests (service proxy, handle resolution, OAuth client metadata, relay watch) may reach although private; default none", (*prefixListValue)(&c.ProxyAllowPrivate)},
+		{"list-max-bytes", "record bytes one listRecords page holds at most, like 4MiB (the page ends early, with a cursor)", (*byteSize)(&c.ListMaxBytes)},
 	}
 }
 

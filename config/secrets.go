@@ -61,7 +61,7 @@ func (c *Config) EnsureSecrets() (generated []string, err error) {
 		gen   func() (string, error)
 		check func(string) error
 	}{
-		{"admin-password", adminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, nil},
+		{"admin-password", adminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, checkAdminPassword},
 		{"jwt-secret", jwtSecretFile, &c.JWTSecret, func() (string, error) { return randomHex(32) }, nil},
 		{"plc-rotation-key", rotationKeyFile, &c.PLCRotationKey, generateRotationKey, func(s string) error {
 			_, err := ParseRotationKey(s)

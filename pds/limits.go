@@ -182,15 +182,6 @@ func (s *Server) limitDID(w http.ResponseWriter, policy string, did syntax.DID) 
 	return s.rateLimit(w, policy, did.String(), 1)
 }
 
-// limitLogin applies the createSession limit, keyed by identifier and
-// address together: one address guessing many accounts' passwords and many
-// addresses guessing one account's are both slowed, while a user who
-// mistypes is not locked out by an attacker elsewhere.
-func (s *Server) limitLogin(w http.ResponseWriter, r *http.Request, identifier string) error {
-	key := ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), s.ipKey(r))
-	return s.rateLimit(w, ratelimit.PolicyCreateSession, key, 1)
-}
-
 // globalLimit is the per-address limit every XRPC method is under, checked
 // by serveXRPC before the body is read. subscribeRepos has its own
 // admission (firehose.Admission) and _health must answer load balancers

@@ -69,8 +69,10 @@ func heapInUse() uint64 {
 // subscribeRepos requests that are refused, each with a 60 KB User-Agent,
 // leaves the server's live heap a few MiB larger at most: a refusal is
 // counted per address, and no User-Agent is kept whole.
+//
+// Not parallel: it measures the process's heap, so other tests must not
+// run beside it (parallel tests wait until the sequential ones are done).
 func TestRefusedSubscribeFloodBoundedMemory(t *testing.T) {
-	t.Parallel()
 	const (
 		requests = 20_000
 		workers  = 8

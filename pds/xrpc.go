@@ -48,7 +48,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		logger().Warn("error after the response started; cannot report it to the client", "error", err)
 		return
 	}
+	// The error's headers replace any set earlier (a limit that allowed
+	// the request set its RateLimit-* headers before another refused it).
 	for k, vs := range xe.Header {
+		w.Header().Del(k)
 		for _, v := range vs {
 			w.Header().Add(k, v)
 		}
