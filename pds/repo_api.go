@@ -160,11 +160,19 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, auth *writeAuth,
 // applyGuarded is repo.Engine.ApplyGuarded for the write handlers: it
 // charges the account's write points first (429 before any database work)
 // and counts the commit once it is durable.
+//
+// The commit is foreground work ("writes first", package priority):
+// background streams (getRepo exports, blob downloads) pause while it is
+// in flight. Only the commit: the body has been read, parsed and
+// authorised by now, so a client trickling its request cannot hold every
+// download back.
 func (s *Server) applyGuarded(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid, guard *repo.Guard) (*repo.CommitResult, error) {
 	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
 		return nil, err
 	}
+	leave := s.priority.Enter()
 	res, err := s.repo.ApplyGuarded(r.Context(), did, writes, swapCommit, guard)
+	leave()
 	if err == nil {
 		metrics.Commits.Inc()
 	}

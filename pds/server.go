@@ -125,6 +125,9 @@ type Options struct {
 	// request's context and the hold's length, and returns when the hold
 	// is over.
 	holdRefused func(ctx context.Context, d time.Duration)
+	// bodyRate, when set (tests), replaces the minimum rate of
+	// long-running requests' bodies (MinBodyRate after BodyGrace).
+	bodyRate *bodyRate
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -170,6 +173,8 @@ type Server struct {
 	exportRate *rate.Limiter
 	// holdRefused waits out a refused connection's cool-off (coolOff).
 	holdRefused func(ctx context.Context, d time.Duration)
+	// bodyRate is the minimum rate of long-running requests' bodies.
+	bodyRate bodyRate
 }
 
 // New builds a Server and registers its routes.
@@ -200,6 +205,10 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.holdRefused != nil {
 		s.holdRefused = opts.holdRefused
+	}
+	s.bodyRate = defaultBodyRate
+	if opts.bodyRate != nil {
+		s.bodyRate = *opts.bodyRate
 	}
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
 	s.blobs = opts.Blobs
@@ -240,8 +249,6 @@ func (s *Server) routes() {
 	s.registerRepoRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
-	// Writes first: background streams pause while these are in flight.
-	s.foreground(foregroundMethods...)
 
 	// com.atproto.server
 	s.query("com.atproto.server.describeServer", s.handleDescribeServer)
@@ -256,36 +263,6 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
 	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
 	s.mux.HandleFunc("/", s.handleNotFound)
-}
-
-// foregroundMethods are the writes that background streams (getRepo
-// exports, blob downloads) give way to: a user's post must not wait behind
-// a scraper's 25 MB CAR for the CPU.
-var foregroundMethods = []string{
-	"com.atproto.repo.createRecord",
-	"com.atproto.repo.putRecord",
-	"com.atproto.repo.deleteRecord",
-	"com.atproto.repo.applyWrites",
-	"com.atproto.repo.uploadBlob",
-}
-
-// foreground makes the registered methods among nsids foreground work:
-// their handlers run inside the priority gate. It wraps the handler, not
-// the route, so that a request refused before its handler (a method not
-// allowed, the global rate limit) holds nothing back.
-func (s *Server) foreground(nsids ...string) {
-	for _, nsid := range nsids {
-		m := s.methods[nsid]
-		if m == nil {
-			continue // not served by this configuration
-		}
-		h := m.handler
-		m.handler = func(w http.ResponseWriter, r *http.Request) error {
-			leave := s.priority.Enter()
-			defer leave()
-			return h(w, r)
-		}
-	}
 }
 
 // Priority is the gate writes enter and background streams yield to

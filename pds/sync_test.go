@@ -65,6 +65,8 @@ type syncOptions struct {
 	exportSlots int
 	// carCache turns the getRepo CAR cache on (in the data dir).
 	carCache bool
+	// bodyRate replaces the minimum rate of long-running request bodies.
+	bodyRate *bodyRate
 }
 
 func syncSetup(t testing.TB, o syncOptions) *syncBundle {
@@ -103,7 +105,7 @@ func syncSetup(t testing.TB, o syncOptions) *syncBundle {
 	require.NoError(t, err)
 
 	b := &syncBundle{pool: pool, engine: engine, blobs: blobs, store: store, keys: keys, accounts: accounts}
-	opts := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots}
+	opts := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots, bodyRate: o.bodyRate}
 	if o.carCache {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}

@@ -343,10 +343,21 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		if err := rc.SetReadDeadline(time.Time{}); err != nil {
 			s.logger.Debug("cannot clear read deadline", "error", err)
 		}
+		if m.kind == kindProcedure {
+			// Its body is no longer under ReadTimeout: hold it to a rate.
+			r.Body = readCloser{newRateReader(w, r.Body, s.bodyRate), r.Body}
+		}
 	}
 	if err := m.handler(w, r); err != nil {
 		s.writeError(w, r, err)
 	}
+}
+
+// readCloser is a request body read through a wrapper and closed as the
+// original.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // methodNotImplemented answers any /xrpc/ path with no registered method.
