@@ -38,15 +38,20 @@ const (
 	blobReserve = 128 << 10
 	// proofReserve is a sync.getRecord proof CAR, built in memory: 127-130
 	// KiB measured for ordinary records (the commit, one MST node per
-	// level, the record, and the transaction's buffers).
+	// level, the record, and the transaction's buffers). The record's own
+	// bytes are reserved on top, proofRecordFactor times.
 	proofReserve = 256 << 10
+	// proofRecordFactor is a proof's heap per byte of its record: the row
+	// read, the copy in the CAR being built, and the CAR written out.
+	proofRecordFactor = 3
 	// blockReserve is what getBlocks reserves per CID asked for, before
 	// knowing the blocks' sizes: MST nodes and records are mostly well
-	// under a KiB. The reservation is trued up to blockFactor × the CAR as
-	// it grows.
+	// under a KiB. Once the sizes are known the reservation is what the
+	// stream holds: its buffer and the largest block, blockFactor times.
 	blockReserve = 8 << 10
-	// blockFactor is getBlocks' heap per byte of blocks: the row pgx read,
-	// the copy scanned out of it, the growing CAR (3.2-3.4 measured).
+	// blockFactor is getBlocks' heap per byte of the block in hand: the
+	// row pgx read and the copy scanned out of it (the CAR is streamed,
+	// not built).
 	blockFactor = 4
 	// recordDecodeFactor is the heap a record's JSON rendering holds per
 	// byte of its CBOR: read, decoded to a map, encoded as JSON (8.4-8.8
@@ -221,6 +226,20 @@ func (s *Server) reserve(ctx context.Context, n int64) (*budget.Reservation, err
 		return nil, nil // a nil *Reservation is valid and holds nothing
 	}
 	return s.protect.budget.Acquire(ctx, n)
+}
+
+// reserveMore makes res (an estimate reserved before the work) hold at
+// least n bytes once the real cost is known. A larger need is not added
+// to what res holds, which could wait forever while holding bytes others
+// wait for: res is given back and n is queued for like any request. The
+// returned reservation replaces res (and is nil, holding nothing, on
+// error).
+func (s *Server) reserveMore(ctx context.Context, res *budget.Reservation, n int64) (*budget.Reservation, error) {
+	if s.protect.budget == nil || n <= res.Size() {
+		return res, nil
+	}
+	res.Release()
+	return s.reserve(ctx, n)
 }
 
 // guard is reserve for a fixed cost, returning just the release.

@@ -527,52 +527,6 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, out)
 }
 
-type listRecordsOutput struct {
-	Cursor  string         `json:"cursor,omitempty"`
-	Records []recordOutput `json:"records"`
-}
-
-func (s *Server) handleListRecords(w http.ResponseWriter, r *http.Request) error {
-	p := queryParams(r)
-	repoID := p.required("repo")
-	coll := p.required("collection")
-	limit := p.intParam("limit", 50, 1, 100)
-	cursor := p.optional("cursor")
-	reverse := p.boolParam("reverse", false)
-	if err := p.Err(); err != nil {
-		return err
-	}
-	collection, err := parseCollection(coll)
-	if err != nil {
-		return err
-	}
-	if cursor != "" {
-		if _, err := parseRKey(cursor); err != nil {
-			return InvalidRequest("cursor %q is not a record key", cursor)
-		}
-	}
-	a, err := s.resolveRepo(r.Context(), repoID)
-	if err != nil {
-		return err
-	}
-	recs, next, err := s.repo.ListRecords(r.Context(), a.DID, collection, cursor, int(limit), reverse)
-	if err != nil {
-		return err
-	}
-	if recs, err = s.withoutTakendown(r.Context(), a.DID, collection, recs); err != nil {
-		return err
-	}
-	out := listRecordsOutput{Cursor: next, Records: make([]recordOutput, 0, len(recs))}
-	for i := range recs {
-		ro, err := recordJSON(a.DID, &recs[i])
-		if err != nil {
-			return err
-		}
-		out.Records = append(out.Records, ro)
-	}
-	return writeJSON(w, http.StatusOK, out)
-}
-
 type describeRepoOutput struct {
 	Handle          string   `json:"handle"`
 	DID             string   `json:"did"`
