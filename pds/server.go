@@ -45,6 +45,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -115,6 +116,11 @@ type Options struct {
 	// means New makes one from BackgroundMaxPause whose pauses are
 	// counted in the bulwark_priority_* metrics.
 	Priority *priority.Gate
+	// Outbound is the client for requests to URLs users influence (handle
+	// resolution here; the service proxy and OAuth client metadata reuse
+	// it through Server.Outbound). Nil means one built from Config
+	// (public addresses and Config.ProxyAllowPrivate).
+	Outbound *outbound.Client
 	// CARCacheDir, when set, is where whole-repository getRepo answers are
 	// cached (up to Config.CARCache bytes); the directory is emptied at
 	// start. Empty means no cache.
@@ -157,6 +163,8 @@ type Server struct {
 	accounts  *account.Service
 	repo      *repo.Engine
 	directory identityResolver
+	// outbound makes every request to a URL a user influences.
+	outbound *outbound.Client
 
 	blobs *blob.Service
 	// callerDID, when set (tests), replaces session auth for the blob
@@ -210,7 +218,8 @@ func New(opts Options) (*Server, error) {
 	if opts.bodyRate != nil {
 		s.bodyRate = *opts.bodyRate
 	}
-	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
+	s.outbound = newOutbound(opts, logger)
+	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config, s.outbound, logger)
 	s.blobs = opts.Blobs
 	s.protect = newProtection(opts)
 	s.priority = newPriorityGate(opts)
@@ -264,6 +273,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/xrpc/", s.serveXRPC)
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
+
+// Outbound is the client every request to a URL a user influences goes
+// through (Options.Outbound, or the one New built).
+func (s *Server) Outbound() *outbound.Client { return s.outbound }
 
 // Priority is the gate writes enter and background streams yield to
 // (package priority).

@@ -19,6 +19,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/repo"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -137,7 +138,11 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, logg
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
+	// The one client for URLs users influence (handle resolution, the
+	// service proxy, OAuth client metadata, relay watch): public
+	// addresses, and the networks --proxy-allow-private names.
+	web := outbound.New(outbound.Config{AllowCIDRs: cfg.ProxyAllowPrivate, Logger: logger})
+	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits, Outbound: web}
 	if cfg.CARCache > 0 {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}
