@@ -61,38 +61,7 @@ func TestBigRecordReadsBounded(t *testing.T) {
 	did := b.newAccount(t, "bigrecords", "active")
 	cids := writeBigRecords(t, b, did, bigRecords)
 
-	t.Run("listRecords pages end at the byte bound", func(t *testing.T) {
-		for _, reverse := range []bool{false, true} {
-			var seen []string
-			cursor := ""
-			for pages := 0; ; pages++ {
-				require.Less(t, pages, bigRecords, "the cursor does not move on")
-				q := url.Values{"repo": {did.String()}, "collection": {bigCollection}, "limit": {"100"}, "reverse": {strconv.FormatBool(reverse)}}
-				if cursor != "" {
-					q.Set("cursor", cursor)
-				}
-				resp, body := b.get(t, "com.atproto.repo.listRecords", q)
-				require.Equal(t, http.StatusOK, resp.StatusCode, "body: %.300s", body)
-				require.LessOrEqual(t, len(body), config.DefaultListMaxBytes, "a page of %d bytes", len(body))
-				var out listRecordsOutput
-				require.NoError(t, json.Unmarshal(body, &out))
-				require.NotEmpty(t, out.Records)
-				for _, r := range out.Records {
-					seen = append(seen, r.URI)
-				}
-				if out.Cursor == "" {
-					break
-				}
-				cursor = out.Cursor
-			}
-			require.Len(t, seen, bigRecords, "reverse=%v", reverse)
-			for i := 1; i < len(seen); i++ {
-				// Newest (highest rkey) first, unless reverse.
-				require.Equal(t, reverse, seen[i-1] < seen[i], "reverse=%v: order at %d", reverse, i)
-			}
-		}
-		require.Zero(t, bud.Stats().InUse)
-	})
+	t.Run("listRecords pages end at the byte bound", func(t *testing.T) { walkBigRecords(t, b, bud, did) })
 
 	t.Run("six pages at once are under the budget", func(t *testing.T) {
 		before := bud.Stats()
@@ -183,4 +152,40 @@ func TestGetBlocksMissingBeforeAnything(t *testing.T) {
 	resp, body := b.get(t, "com.atproto.sync.getBlocks", q)
 	requireXRPC(t, resp, body, http.StatusBadRequest, "BlockNotFound")
 	require.Contains(t, string(body), absent.String())
+}
+
+// walkBigRecords walks did's big records with listRecords, both ways,
+// checking that every page stays within the byte bound.
+func walkBigRecords(t *testing.T, b *syncBundle, bud *budget.Budget, did syntax.DID) {
+	t.Helper()
+	for _, reverse := range []bool{false, true} {
+		var seen []string
+		cursor := ""
+		for pages := 0; ; pages++ {
+			require.Less(t, pages, bigRecords, "the cursor does not move on")
+			q := url.Values{"repo": {did.String()}, "collection": {bigCollection}, "limit": {"100"}, "reverse": {strconv.FormatBool(reverse)}}
+			if cursor != "" {
+				q.Set("cursor", cursor)
+			}
+			resp, body := b.get(t, "com.atproto.repo.listRecords", q)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "body: %.300s", body)
+			require.LessOrEqual(t, len(body), config.DefaultListMaxBytes, "a page of %d bytes", len(body))
+			var out listRecordsOutput
+			require.NoError(t, json.Unmarshal(body, &out))
+			require.NotEmpty(t, out.Records)
+			for _, r := range out.Records {
+				seen = append(seen, r.URI)
+			}
+			if out.Cursor == "" {
+				break
+			}
+			cursor = out.Cursor
+		}
+		require.Len(t, seen, bigRecords, "reverse=%v", reverse)
+		for i := 1; i < len(seen); i++ {
+			// Newest (highest rkey) first, unless reverse.
+			require.Equal(t, reverse, seen[i-1] < seen[i], "reverse=%v: order at %d", reverse, i)
+		}
+	}
+	require.Zero(t, bud.Stats().InUse)
 }
