@@ -123,6 +123,9 @@ type Config struct {
 	// Password are argon2id's costs; zero means DefaultPasswordParams.
 	// Tests lower them; production should not.
 	Password PasswordParams
+	// PasswordHashes bounds the password hashes computed at once; one
+	// more fails with ErrPasswordBusy. Zero means DefaultPasswordHashes().
+	PasswordHashes int
 	// AccessTTL and RefreshTTL override the token lifetimes (tests).
 	AccessTTL, RefreshTTL time.Duration
 	// Now overrides the clock for tokens (tests).
@@ -206,7 +209,7 @@ func New(cfg Config) (*Service, error) {
 		keys: cfg.Keys,
 		repo: cfg.Repo,
 		plc:  cfg.PLC,
-		hash: newHasher(cfg.Password),
+		hash: newHasher(cfg.Password, cfg.PasswordHashes),
 		tokens: &signer{
 			secret: cfg.JWTSecret, audience: cfg.ServiceDID,
 			accessTTL: cfg.AccessTTL, refreshTTL: cfg.RefreshTTL, now: cfg.Now,

@@ -42,25 +42,44 @@ const (
 	hashLen = 32
 )
 
-// hasher runs argon2id with a bound on how many hashes run at once, so that
-// a burst of logins costs queueing, not memory (each hash holds Memory KiB).
+// ErrPasswordBusy means every password-hash slot is taken: the check was
+// refused at once, without hashing. Retrying shortly may succeed.
+var ErrPasswordBusy = errors.New("too many password checks in progress")
+
+// DefaultPasswordHashes is how many password hashes may run at once when
+// Config.PasswordHashes is zero: one per core. More at once would add
+// memory (each hash holds its 19 MiB) and no throughput; a flood of
+// logins past it is refused at once instead of queueing on the CPU, and
+// the login limits (per address, per account) keep guessers to a trickle.
+func DefaultPasswordHashes() int { return max(1, runtime.GOMAXPROCS(0)) }
+
+// hasher runs argon2id with a bound on how many hashes run at once. One
+// more is refused at once (ErrPasswordBusy) rather than queued: a queue
+// of hashes is a queue of clients waiting on the CPU, and a flood of
+// guesses would make it grow without bound.
 type hasher struct {
 	params PasswordParams
 	slots  chan struct{}
 }
 
-func newHasher(p PasswordParams) *hasher {
+func newHasher(p PasswordParams, slots int) *hasher {
 	if p.Memory == 0 || p.Time == 0 || p.Threads == 0 {
 		p = DefaultPasswordParams
 	}
-	return &hasher{params: p, slots: make(chan struct{}, 2*runtime.GOMAXPROCS(0))}
+	if slots <= 0 {
+		slots = DefaultPasswordHashes()
+	}
+	return &hasher{params: p, slots: make(chan struct{}, slots)}
 }
 
 func (h *hasher) run(ctx context.Context, pw, salt []byte, p PasswordParams) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	select {
 	case h.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	default:
+		return nil, ErrPasswordBusy
 	}
 	defer func() { <-h.slots }()
 	return argon2.IDKey(pw, salt, p.Time, p.Memory, p.Threads, hashLen), nil
@@ -128,9 +147,11 @@ func (h *hasher) verify(ctx context.Context, pw, encoded string) (bool, error) {
 }
 
 // dummyVerify spends the time of one verification, so that a login for an
-// unknown account takes as long as one with a wrong password.
-func (h *hasher) dummyVerify(ctx context.Context, pw string) {
-	_, _ = h.run(ctx, []byte(pw), make([]byte, saltLen), h.params)
+// unknown account takes as long as one with a wrong password, and is
+// refused when the hash slots are full just as such a login would be.
+func (h *hasher) dummyVerify(ctx context.Context, pw string) error {
+	_, err := h.run(ctx, []byte(pw), make([]byte, saltLen), h.params)
+	return err
 }
 
 // appPasswordHash hashes an app password deterministically, salted with the

@@ -29,14 +29,26 @@ type AppPasswordInfo struct {
 // in; a deactivated one can (it needs a session to reactivate).
 func (s *Service) Login(ctx context.Context, identifier, password string) (*Account, *AppPasswordInfo, error) {
 	a, err := s.Lookup(ctx, identifier)
-	if errors.Is(err, ErrAccountNotFound) {
-		s.hash.dummyVerify(ctx, password)
-		return nil, nil, ErrAuthFailed
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrAccountNotFound) {
 		return nil, nil, err
 	}
+	return s.LoginAccount(ctx, a, password)
+}
+
+// LoginAccount is Login for an account already looked up (Lookup), so that
+// a caller can apply the account's login limit before the password is
+// hashed. a is nil when no account has the identifier: the check then
+// takes as long as a wrong password and fails with ErrAuthFailed. With
+// every hash slot taken it fails at once with ErrPasswordBusy.
+func (s *Service) LoginAccount(ctx context.Context, a *Account, password string) (*Account, *AppPasswordInfo, error) {
+	if a == nil {
+		if err := s.hash.dummyVerify(ctx, password); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, ErrAuthFailed
+	}
 	var app *AppPasswordInfo
+	var err error
 	if looksLikeAppPassword(password) {
 		app, err = s.findAppPassword(ctx, a.DID, password)
 		if err != nil {
@@ -287,7 +299,9 @@ func (s *Service) CheckPassword(ctx context.Context, did syntax.DID, password st
 	a, err := s.Get(ctx, did)
 	if err != nil {
 		if errors.Is(err, ErrAccountNotFound) {
-			s.hash.dummyVerify(ctx, password)
+			if err := s.hash.dummyVerify(ctx, password); err != nil {
+				return err
+			}
 			return ErrAuthFailed
 		}
 		return err

@@ -2,13 +2,11 @@ package blob
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -150,87 +148,6 @@ func (b *Blob) Ref() atdata.Blob {
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
-
-// Upload stores r's bytes as a temporary blob of did: it becomes permanent
-// when a record refers to it, and is deleted after TempTTL otherwise. The
-// bytes are hashed while they stream to storage; a body over MaxBytes is a
-// *TooLargeError and leaves nothing behind. The MIME type is sniffed from
-// the bytes: a client's Content-Type is not trusted, since the blob will be
-// served back under the stored type.
-func (s *Service) Upload(ctx context.Context, did syntax.DID, r io.Reader) (*Blob, error) {
-	w, err := s.store.Create(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err := w.Close(); err != nil {
-			s.log.Warn("discarding upload scratch file", "did", did, "error", err)
-		}
-	}()
-
-	h := sha256.New()
-	head := make([]byte, 0, sniffLen)
-	bufp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bufp)
-	buf := *bufp
-	var size int64
-	for {
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			size += int64(n)
-			if size > s.cfg.MaxBytes {
-				return nil, &TooLargeError{Max: s.cfg.MaxBytes}
-			}
-			if len(head) < sniffLen {
-				head = append(head, buf[:min(n, sniffLen-len(head))]...)
-			}
-			h.Write(buf[:n])
-			if _, err := w.Write(buf[:n]); err != nil {
-				return nil, fmt.Errorf("writing blob: %w", err)
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return nil, fmt.Errorf("%w after %d bytes: %w", ErrUploadRead, size, rerr)
-		}
-	}
-	c, err := cidFromSHA256(h.Sum(nil))
-	if err != nil {
-		return nil, err
-	}
-	b := &Blob{CID: c, MimeType: http.DetectContentType(head), Size: size}
-	key := c.String()
-
-	// Store the object outside any transaction (an S3 PUT can take a
-	// while), then record it under the CID's lock. A collector may have
-	// deleted the object between the two (another account's expired copy
-	// of the same bytes): Stat under the lock sees that, and the object
-	// is written again.
-	if err := w.Commit(ctx, key); err != nil {
-		return nil, err
-	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, qLockCID, key); err != nil {
-			return db.Translate(err)
-		}
-		if _, err := s.store.Stat(ctx, key); errors.Is(err, ErrObjectNotFound) {
-			if err := w.Commit(ctx, key); err != nil {
-				return err
-			}
-		} else if err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, qInsertBlob, did.String(), key, b.MimeType, b.Size, key)
-		return db.Translate(err)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("recording blob: %w", err)
-	}
-	s.log.Debug("blob uploaded", "did", did, "cid", key, "size", size, "mime", b.MimeType)
-	return b, nil
-}
 
 // Open returns a permanent blob of did (one some record refers to) and its
 // bytes, seekable for range requests. The caller closes the reader.

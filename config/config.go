@@ -157,10 +157,11 @@ type Config struct {
 	ProxyBodyTimeout time.Duration
 	// ProxyMaxResponse bounds a proxied service's response body, in bytes.
 	ProxyMaxResponse int64
-	// ProxyAllowPrivate are networks outbound requests (service proxying,
-	// handle and did:web resolution) may reach although they are not
-	// public, over http or https: a private deployment's app view, local
-	// development. Empty: public unicast addresses only, https only.
+	// ProxyAllowPrivate are networks the server's outbound requests
+	// (service proxy, handle and did:web resolution, OAuth client
+	// metadata, relay watch) may reach although they are not public, over
+	// http or https: a private deployment's app view, local development.
+	// Empty: public unicast addresses only, https only.
 	ProxyAllowPrivate []netip.Prefix
 	// FirehoseRate is how many subscribeRepos connections one client may
 	// open, refilled continuously (token bucket).
@@ -298,6 +299,10 @@ type Config struct {
 	LogLevel slog.Level
 	// LogFormat is "text" (readable) or "json" (for log collectors).
 	LogFormat string
+	// ListMaxBytes bounds the record bytes of one listRecords page (and
+	// of a getBlocks answer held at once): a page ends early, with a
+	// cursor, rather than pass it.
+	ListMaxBytes int64
 
 	// hostnameDerived records that Finalize made Hostname up from Listen,
 	// so that Bound may correct its port.
@@ -356,6 +361,7 @@ func DefaultConfig() *Config {
 		BlobTempTTL:            DefaultBlobTempTTL,
 		LogLevel:               slog.LevelInfo,
 		LogFormat:              DefaultLogFormat,
+		ListMaxBytes:           DefaultListMaxBytes,
 	}
 }
 

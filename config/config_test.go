@@ -238,7 +238,7 @@ func TestRedaction(t *testing.T) {
 	}
 
 	c, err := parse(t, nil,
-		"--admin-password", "adminhunter2",
+		"--admin-password", "adminhunter2-long-enough",
 		"--jwt-secret", strings.Repeat("j", 40),
 		"--database-url", "postgres://bulwark:dbhunter2@db/bulwark",
 	)
@@ -250,7 +250,7 @@ func TestRedaction(t *testing.T) {
 	require.NotContains(t, out, strings.Repeat("j", 40))
 	require.Contains(t, out, `"admin-password":"(redacted)"`)
 	require.Contains(t, out, `"listen":"127.0.0.1:2583"`)
-	require.Equal(t, "adminhunter2", c.AdminPassword, "redaction works on a copy")
+	require.Equal(t, "adminhunter2-long-enough", c.AdminPassword, "redaction works on a copy")
 }
 
 func TestEnsureSecrets(t *testing.T) {
@@ -288,12 +288,12 @@ func TestEnsureSecrets(t *testing.T) {
 	require.Equal(t, first.PLCRotationKey, second.PLCRotationKey)
 
 	// A secret set in the configuration wins over the file.
-	c, err := parse(t, nil, "--data-dir", dir, "--admin-password", "explicit")
+	c, err := parse(t, nil, "--data-dir", dir, "--admin-password", "explicit-admin-password")
 	require.NoError(t, err)
 	gen, err = c.EnsureSecrets()
 	require.NoError(t, err)
 	require.Empty(t, gen)
-	require.Equal(t, "explicit", c.AdminPassword)
+	require.Equal(t, "explicit-admin-password", c.AdminPassword)
 	require.Equal(t, []SecretFile{
 		{"jwt-secret", filepath.Join(dir, SecretsDir, JWTSecretFile)},
 		{"plc-rotation-key", filepath.Join(dir, SecretsDir, RotationKeyFile)},

@@ -53,7 +53,7 @@ func (c *Config) settings() []setting {
 		{"proxy-header-timeout", "longest wait for a proxied service's response headers", (*durationValue)(&c.ProxyHeaderTimeout)},
 		{"proxy-body-timeout", "longest wait for more of a proxied service's response body", (*durationValue)(&c.ProxyBodyTimeout)},
 		{"proxy-max-response", "largest response body a proxied service may send, like 10MiB", (*byteSize)(&c.ProxyMaxResponse)},
-		{"proxy-allow-private", "comma-separated CIDRs outbound requests (proxying, handle and did:web resolution) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
+		{"proxy-allow-private", "comma-separated CIDRs outbound requests (service proxy, handle and did:web resolution, OAuth client metadata, relay watch) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
 		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
 		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},
 		{"firehose-retention", "how long firehose events are kept for cursor replay", (*durationValue)(&c.FirehoseRetention)},
@@ -94,6 +94,7 @@ func (c *Config) settings() []setting {
 		{"shutdown-timeout", "how long a stopping server waits for requests in flight", (*durationValue)(&c.ShutdownTimeout)},
 		{"log-level", "minimum log level: debug, info, warn, error", (*levelValue)(&c.LogLevel)},
 		{"log-format", "log format: text or json", (*stringValue)(&c.LogFormat)},
+		{"list-max-bytes", "record bytes one listRecords page holds at most, like 4MiB (the page ends early, with a cursor)", (*byteSize)(&c.ListMaxBytes)},
 	}
 }
 

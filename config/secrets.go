@@ -78,7 +78,7 @@ func (c *Config) EnsureSecrets() (generated []string, err error) {
 		gen   func() (string, error)
 		check func(string) error
 	}{
-		{"admin-password", AdminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, nil},
+		{"admin-password", AdminPasswordFile, &c.AdminPassword, func() (string, error) { return randomHex(24) }, checkAdminPassword},
 		{"jwt-secret", JWTSecretFile, &c.JWTSecret, func() (string, error) { return randomHex(32) }, nil},
 		{"plc-rotation-key", RotationKeyFile, &c.PLCRotationKey, generateRotationKey, func(s string) error {
 			_, err := ParseRotationKey(s)

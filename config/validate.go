@@ -37,6 +37,7 @@ func (c *Config) Validate() error {
 		c.validateDescription,
 		c.validateEmail,
 		c.validateProcess,
+		c.validateProtect,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -63,8 +64,10 @@ func (c *Config) validateServer() error {
 			return settingError("database-url", "%v", err)
 		}
 	}
-	if c.AdminPassword != "" && strings.TrimSpace(c.AdminPassword) != c.AdminPassword {
-		return settingError("admin-password", "must not begin or end with white space")
+	if c.AdminPassword != "" {
+		if err := checkAdminPassword(c.AdminPassword); err != nil {
+			return settingError("admin-password", "%v", err)
+		}
 	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < MinJWTSecretLen {
 		return settingError("jwt-secret", "must be at least %d bytes long (got %d)", MinJWTSecretLen, len(c.JWTSecret))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +14,8 @@ import (
 )
 
 // Consumer health: the firehose remembers, per consumer (client IP plus
-// user agent), its recent connections, and flags a consumer that keeps
+// user agent, cut to MaxUserAgent bytes), its recent connections, and
+// refusals per address; it flags a consumer that keeps
 // reconnecting at the same cursor: a relay stuck on the event after it (too
 // big for it, or one it cannot verify). The operator hears of it from a log
 // warning (once per incident), the admin API and metrics, before users
@@ -47,7 +49,12 @@ type HealthConfig struct {
 	// MaxConsumers bounds memory: least recently seen consumers are
 	// forgotten first (default 10,000).
 	MaxConsumers int
-	Logger       *slog.Logger
+	// MaxBytes bounds the table's memory as well (default 16 MiB),
+	// estimated per consumer from its strings and the connections it
+	// remembers; least recently seen consumers are forgotten first.
+	MaxBytes int64
+	// Logger receives stuck and recovery reports; nil is slog.Default().
+	Logger *slog.Logger
 	// Inspect describes the event at seq for the report (nil: seq only).
 	Inspect func(ctx context.Context, seq int64) (*eventlog.EventInfo, error)
 	// OnStuck is called once per incident (for metrics).
@@ -104,6 +111,32 @@ type Health struct {
 	mu        sync.Mutex
 	consumers map[consumerKey]*list.Element // of *consumer
 	order     *list.List                    // front = most recently seen
+	// byIP is, per address, the most recently seen consumer from it: the
+	// one its refusals are counted on.
+	byIP map[string]*list.Element
+	// bytes is the estimated memory of the table (consumerCost summed).
+	bytes int64
+}
+
+// MaxUserAgent is how much of a User-Agent the tracker keeps: enough for
+// any relay's name and version, and a bound on what a client can make
+// the server store (the header itself may be tens of kilobytes).
+const MaxUserAgent = 256
+
+// Memory estimates for HealthConfig.MaxBytes: a consumer's struct, its
+// list element and map entries, and each connection it remembers.
+const (
+	consumerOverhead = 512
+	connCost         = 192
+)
+
+// TruncateUserAgent cuts ua to at most MaxUserAgent bytes, on a UTF-8
+// boundary.
+func TruncateUserAgent(ua string) string {
+	if len(ua) <= MaxUserAgent {
+		return ua
+	}
+	return strings.ToValidUTF8(ua[:MaxUserAgent], "")
 }
 
 type consumerKey struct{ ip, ua string }
@@ -137,6 +170,9 @@ func NewHealth(cfg HealthConfig) *Health {
 	if cfg.MaxConsumers <= 0 {
 		cfg.MaxConsumers = 10_000
 	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 16 << 20
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -145,6 +181,7 @@ func NewHealth(cfg HealthConfig) *Health {
 		log:       cfg.Logger.With("component", "firehose-health"),
 		consumers: map[consumerKey]*list.Element{},
 		order:     list.New(),
+		byIP:      map[string]*list.Element{},
 	}
 }
 
@@ -162,12 +199,14 @@ type Conn struct {
 	reason EndReason
 }
 
-// Start records a new subscription by ip/ua asking for cursor.
+// Start records a new subscription by ip/ua asking for cursor. ua is cut
+// to MaxUserAgent bytes.
 func (h *Health) Start(ip, ua string, cursor *int64) *Conn {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c := h.touch(consumerKey{ip, ua}, now)
+	c := h.touch(consumerKey{ip, TruncateUserAgent(ua)}, now)
+	before := c.cost()
 	c.connections++
 	c.active++
 	conn := &Conn{h: h, c: c, started: now}
@@ -175,36 +214,81 @@ func (h *Health) Start(ip, ua string, cursor *int64) *Conn {
 		v := *cursor
 		conn.cursor = &v
 	}
-	c.recent = append(c.recent, conn)
-	if len(c.recent) > h.cfg.History {
-		c.recent = c.recent[len(c.recent)-h.cfg.History:]
+	if len(c.recent) < h.cfg.History {
+		c.recent = append(c.recent, conn)
+	} else {
+		// Shift in place: reslicing would keep the forgotten connections
+		// reachable from the array until append next reallocates it.
+		copy(c.recent, c.recent[1:])
+		c.recent[len(c.recent)-1] = conn
 	}
+	h.bytes += c.cost() - before
+	h.shrink()
 	return conn
 }
 
-// Refused counts an upgrade refused before it became a subscription.
-func (h *Health) Refused(ip, ua string) {
+// Refused counts an upgrade from ip refused before it became a
+// subscription. Refusals are counted per address, on the consumer last
+// seen from it (or on an entry for the address alone): whatever a refused
+// client sends besides its address is not kept.
+func (h *Health) Refused(ip string) {
+	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.touch(consumerKey{ip, ua}, time.Now()).refused++
+	if el, ok := h.byIP[ip]; ok {
+		h.order.MoveToFront(el)
+		c := el.Value.(*consumer)
+		c.lastSeen = now
+		c.refused++
+		return
+	}
+	h.touch(consumerKey{ip: ip}, now).refused++
+	h.shrink()
 }
 
 // touch finds or adds a consumer, marking it most recently seen. h.mu held.
 func (h *Health) touch(k consumerKey, now time.Time) *consumer {
 	if el, ok := h.consumers[k]; ok {
 		h.order.MoveToFront(el)
+		h.byIP[k.ip] = el
 		c := el.Value.(*consumer)
 		c.lastSeen = now
 		return c
 	}
 	c := &consumer{key: k, lastSeen: now}
-	h.consumers[k] = h.order.PushFront(c)
-	for len(h.consumers) > h.cfg.MaxConsumers {
-		old := h.order.Back()
-		h.order.Remove(old)
-		delete(h.consumers, old.Value.(*consumer).key)
-	}
+	el := h.order.PushFront(c)
+	h.consumers[k] = el
+	h.byIP[k.ip] = el
+	h.bytes += c.cost()
 	return c
+}
+
+// shrink forgets the least recently seen consumers while the table holds
+// more than MaxConsumers or MaxBytes; the most recent one always stays.
+// h.mu held.
+func (h *Health) shrink() {
+	for h.order.Len() > 1 && (len(h.consumers) > h.cfg.MaxConsumers || h.bytes > h.cfg.MaxBytes) {
+		old := h.order.Back()
+		c := old.Value.(*consumer)
+		h.order.Remove(old)
+		delete(h.consumers, c.key)
+		if h.byIP[c.key.ip] == old {
+			delete(h.byIP, c.key.ip)
+		}
+		h.bytes -= c.cost()
+	}
+}
+
+// cost estimates a consumer's memory, for HealthConfig.MaxBytes.
+func (c *consumer) cost() int64 {
+	return consumerOverhead + int64(len(c.key.ip)+len(c.key.ua)) + connCost*int64(len(c.recent))
+}
+
+// Bytes is the table's estimated memory (for tests and metrics).
+func (h *Health) Bytes() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.bytes
 }
 
 // Sent records that the frame of seq went out. Lock-free: it runs per frame.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -135,7 +137,7 @@ func TestHealthBoundedMemory(t *testing.T) {
 	h := NewHealth(HealthConfig{MaxConsumers: 100, History: 4})
 	for i := range 10_000 {
 		h.Start(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), "x", nil).End(EndClientClosed)
-		h.Refused("192.0.2.1", fmt.Sprint(i))
+		h.Refused(fmt.Sprintf("192.0.%d.%d", i>>8&255, i&255))
 	}
 	require.LessOrEqual(t, len(h.Consumers()), 100)
 	for range 50 {
@@ -144,6 +146,42 @@ func TestHealthBoundedMemory(t *testing.T) {
 	r := findConsumer(h, "10.9.9.9")
 	require.Len(t, r.Recent, 4)
 	require.Equal(t, int64(50), r.Connections)
+}
+
+// TestHealthBoundsWhatClientsSend: a User-Agent is kept to MaxUserAgent
+// bytes; refusals are counted per address, on the consumer last seen from
+// it, whatever else the refused requests carried; and the table stays
+// within MaxBytes however large the consumers' strings are.
+func TestHealthBoundsWhatClientsSend(t *testing.T) {
+	t.Parallel()
+	h := NewHealth(HealthConfig{History: 4, MaxBytes: 64 << 10})
+	huge := strings.Repeat("é", 30_000) // 60 KB, two bytes a rune
+	// An odd prefix puts the cut inside a rune, which is dropped.
+	h.Start("192.0.2.7", "relay/1.0"+huge, nil).End(EndClientClosed)
+	r := findConsumer(h, "192.0.2.7")
+	require.Len(t, r.UserAgent, MaxUserAgent-1)
+	require.True(t, utf8.ValidString(r.UserAgent))
+
+	for range 1000 {
+		h.Refused("192.0.2.7")
+		h.Refused("192.0.2.8")
+	}
+	require.Len(t, h.Consumers(), 2, "refusals add at most one entry per address")
+	require.EqualValues(t, 1000, findConsumer(h, "192.0.2.7").Refused)
+	require.EqualValues(t, 1000, findConsumer(h, "192.0.2.8").Refused)
+	require.Empty(t, findConsumer(h, "192.0.2.8").UserAgent)
+
+	for i := range 5000 {
+		c := h.Start(fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255), fmt.Sprint(i, huge), nil)
+		c.End(EndClientClosed)
+	}
+	require.LessOrEqual(t, h.Bytes(), int64(64<<10))
+	var strs int
+	for _, c := range h.Consumers() {
+		strs += len(c.IP) + len(c.UserAgent)
+	}
+	require.Less(t, strs, 64<<10)
+	require.NotEmpty(t, h.Consumers())
 }
 
 func findConsumer(h *Health, ip string) ConsumerReport {

@@ -346,14 +346,15 @@ type Client struct {
 	// IP is the client's address (as the admission control saw it).
 	IP string
 	// UserAgent is the User-Agent header; relays name themselves there.
+	// Consumer health keeps at most MaxUserAgent bytes of it.
 	UserAgent string
 }
 
-// Refused records a subscription refused before the upgrade (consumer
-// health counts them; nothing else is done).
-func (h *Hub) Refused(c Client) {
+// Refused records a subscription from ip refused before the upgrade
+// (consumer health counts them per address; nothing else is done).
+func (h *Hub) Refused(ip string) {
 	if h.cfg.Health != nil {
-		h.cfg.Health.Refused(c.IP, c.UserAgent)
+		h.cfg.Health.Refused(ip)
 	}
 }
 

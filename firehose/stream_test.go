@@ -515,7 +515,7 @@ func TestHealthSeesStuckConsumer(t *testing.T) {
 		conn.Close()
 		require.Eventually(t, func() bool { return b.hub.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
 	}
-	b.hub.Refused(firehose.Client{IP: "203.0.113.9", UserAgent: "stuck-relay/1.0"})
+	b.hub.Refused("203.0.113.9")
 	require.Eventually(t, func() bool { return health.StuckCount() == 1 }, 10*time.Second, time.Millisecond)
 	var report *firehose.ConsumerReport
 	for _, c := range health.Consumers() {

@@ -99,6 +99,11 @@ type Config struct {
 	RootCAs *x509.CertPool
 	// Logger receives refusals at debug level. Nil: slog.Default().
 	Logger *slog.Logger
+	// DialPorts maps a "host:port" the client would dial to another port
+	// on the same host, whose addresses are checked as ever: for tests
+	// that serve https://name/ URLs (handle well-knowns, did:web) from a
+	// local listener. Nil in production.
+	DialPorts map[string]string
 }
 
 // Client makes HTTP requests to URLs that users influence. It is safe for
@@ -112,7 +117,7 @@ type Client struct {
 }
 
 // New returns a client for cfg.
-func New(cfg Config) *Client { return newClient(cfg, nil) }
+func New(cfg Config) *Client { return newClient(cfg, cfg.DialPorts) }
 
 // newClient is New with a port map for tests (see guard.ports).
 func newClient(cfg Config, ports map[string]string) *Client {

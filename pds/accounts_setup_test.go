@@ -149,6 +149,8 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
 		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer, SessionEnders: opts.sessionEnders,
+		// Test hashes are cheap, and sweeps log in concurrently.
+		PasswordHashes: 64,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs, Keys: keys}

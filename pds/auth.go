@@ -5,11 +5,13 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/proxy"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -229,6 +231,12 @@ const AdminUser = "admin"
 // nor its length leaks through timing. Failures are 401
 // AuthenticationRequired with a WWW-Authenticate challenge.
 //
+// Failed attempts count against the address's adminAuth limit: each
+// attempt spends a point before the check (so that concurrent guesses
+// cannot all pass a check together) and a success gives it back. Past the
+// limit every attempt from the address, right or wrong, is a 429 with
+// Retry-After, so a guesser learns nothing more until the window allows.
+//
 //	if err := s.requireAdmin(r); err != nil {
 //		return err
 //	}
@@ -236,6 +244,10 @@ func (s *Server) requireAdmin(r *http.Request) error {
 	user, pass, ok := r.BasicAuth()
 	if !ok {
 		return adminAuthError("this method needs admin credentials (HTTP Basic, user admin)")
+	}
+	limiter, key := s.protect.limits.Get(ratelimit.PolicyAdminAuth), s.ipKey(r)
+	if d := limiter.AllowN(key, 1); !d.Allowed {
+		return rateLimitError(ratelimit.PolicyAdminAuth, d, time.Now())
 	}
 	want := s.cfg.AdminPassword
 	uh, wu := sha256.Sum256([]byte(user)), sha256.Sum256([]byte(AdminUser))
@@ -245,6 +257,7 @@ func (s *Server) requireAdmin(r *http.Request) error {
 	if okUser&okPass != 1 || want == "" {
 		return adminAuthError("invalid admin credentials")
 	}
+	limiter.Refund(key, 1)
 	return nil
 }
 

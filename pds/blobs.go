@@ -2,21 +2,13 @@ package pds
 
 import (
 	"fmt"
-	"io"
 	"net/http"
-	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atdata"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/oauth"
 )
-
-// uploadIdleTimeout is how long an upload may go without a byte arriving.
-// uploadBlob lifts the server's whole-request ReadTimeout (a 100 MB body on
-// a slow uplink takes minutes) and replaces it with this per-read one, so a
-// client that stalls is still dropped.
-const uploadIdleTimeout = 30 * time.Second
 
 type uploadBlobOutput struct {
 	Blob atdata.Blob `json:"blob"`
@@ -37,8 +29,17 @@ func (s *Server) handleUploadBlob(w http.ResponseWriter, r *http.Request) error 
 	if err := s.limitDID(w, policyUploadBlob, did); err != nil {
 		return err
 	}
-	body := &idleReader{r: r.Body, rc: http.NewResponseController(w)}
-	b, err := s.blobs.Upload(r.Context(), did, body)
+	// The body arrives at the client's pace (held to a minimum rate by
+	// serveXRPC); only storing it is foreground work, which background
+	// streams give way to.
+	rcv, err := s.blobs.Receive(r.Context(), r.Body)
+	if err != nil {
+		return err
+	}
+	defer rcv.Close()
+	leave := s.priority.Enter()
+	b, err := rcv.Store(r.Context(), did)
+	leave()
 	if err != nil {
 		return err
 	}
@@ -59,18 +60,6 @@ func (s *Server) uploader(r *http.Request, opts ...authOption) (syntax.DID, erro
 		return "", err
 	}
 	return a.DID, nil
-}
-
-// idleReader pushes the connection's read deadline forward before every
-// read of a request body.
-type idleReader struct {
-	r  io.Reader
-	rc *http.ResponseController
-}
-
-func (ir *idleReader) Read(p []byte) (int, error) {
-	_ = ir.rc.SetReadDeadline(time.Now().Add(uploadIdleTimeout))
-	return ir.r.Read(p)
 }
 
 type missingBlob struct {

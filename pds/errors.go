@@ -241,6 +241,12 @@ var domainErrors = []errorMapping{
 
 	// The in-flight byte budget's full queue: a refusal under load.
 	{sentinel: budget.ErrOverloaded, status: http.StatusServiceUnavailable, name: "ServiceOverloaded", build: overloaded},
+	// Every password-hash slot taken: a refusal under load.
+	{sentinel: account.ErrPasswordBusy, status: http.StatusServiceUnavailable, name: "ServiceOverloaded", build: func(err error) *XRPCError {
+		e := ServiceOverloaded(time.Second, "too many password checks in progress; retry in a moment")
+		e.Err = err
+		return e
+	}},
 
 	// Text Postgres cannot store. The strings the server stores come from
 	// requests, and JSON may carry a NUL ("\u0000") in any field a handler

@@ -89,6 +89,12 @@ func TestXRPCErrorFor(t *testing.T) {
 	require.Equal(t, "ServiceOverloaded", xe.Name)
 	require.Equal(t, []string{"7"}, xe.Header.Values("Retry-After"))
 
+	// So do full password-hash slots.
+	xe = xrpcErrorFor(fmt.Errorf("login: %w", account.ErrPasswordBusy))
+	require.Equal(t, http.StatusServiceUnavailable, xe.Status)
+	require.Equal(t, "ServiceOverloaded", xe.Name)
+	require.Equal(t, []string{"1"}, xe.Header.Values("Retry-After"))
+
 	// Text Postgres refuses, even when no storage function translated it.
 	for _, code := range []string{"22021", "22P05"} {
 		xe = xrpcErrorFor(fmt.Errorf("storing: %w", &pgconn.PgError{Code: code, Message: "invalid byte sequence"}))

@@ -3,14 +3,16 @@ package pds
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
-	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/outbound"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // resolveTimeout bounds resolving a handle that is not hosted here.
@@ -28,6 +30,13 @@ func (s *Server) registerIdentityRoutes() {
 	s.mux.HandleFunc("GET /.well-known/atproto-did", s.handleWellKnownDID)
 }
 
+// handleResolveHandle answers com.atproto.identity.resolveHandle: a hosted
+// handle from the database, any other through the outbound directory (DNS,
+// then the HTTPS well-known, never to an address the server may not
+// reach). Every failure is the same 400 HandleNotFound, whether nothing
+// answered, the answer was not a DID, or the guard refused to connect, so
+// the answer tells nothing about what lies behind an address; the cause
+// goes to the debug log.
 func (s *Server) handleResolveHandle(w http.ResponseWriter, r *http.Request) error {
 	p := queryParams(r)
 	raw := p.required("handle")
@@ -36,7 +45,7 @@ func (s *Server) handleResolveHandle(w http.ResponseWriter, r *http.Request) err
 	}
 	h, err := syntax.ParseHandle(raw)
 	if err != nil {
-		return InvalidRequest("invalid handle %q: %v", raw, err)
+		return InvalidRequest("invalid handle %q: %v", clip(raw, maxQuoted), err)
 	}
 	h = h.Normalize()
 	a, err := s.accounts.GetByHandle(r.Context(), h)
@@ -47,20 +56,30 @@ func (s *Server) handleResolveHandle(w http.ResponseWriter, r *http.Request) err
 		return err
 	case s.accounts.IsHostedHandle(h):
 		// Under our own domains only our database can answer.
-		return newError(http.StatusBadRequest, "HandleNotFound", "unable to resolve handle %s", h)
+		return handleNotFound()
+	}
+	// Resolving elsewhere makes the server send requests: limited per
+	// address.
+	if err := s.rateLimit(w, ratelimit.PolicyResolveHandle, s.ipKey(r), 1); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), resolveTimeout)
 	defer cancel()
 	did, err := s.directory.ResolveHandle(ctx, h)
 	if err != nil {
-		if errors.Is(err, identity.ErrHandleNotFound) || errors.Is(err, identity.ErrHandleReservedTLD) || errors.Is(err, identity.ErrInvalidHandle) {
-			return newError(http.StatusBadRequest, "HandleNotFound", "unable to resolve handle %s", h)
+		if r.Context().Err() != nil {
+			return r.Context().Err() // the client went away
 		}
-		e := UpstreamFailure("could not resolve handle %s", h)
-		e.Err = err
-		return e
+		s.logger.Debug("handle not resolved", "request_id", RequestID(r.Context()), "handle", h, "error", err)
+		return handleNotFound()
 	}
 	return writeJSON(w, http.StatusOK, map[string]string{"did": did.String()})
+}
+
+// handleNotFound is resolveHandle's one answer for a handle it cannot
+// resolve, the reference PDS's.
+func handleNotFound() *XRPCError {
+	return newError(http.StatusBadRequest, "HandleNotFound", "Unable to resolve handle")
 }
 
 func (s *Server) handleUpdateHandle(w http.ResponseWriter, r *http.Request) error {
@@ -146,18 +165,24 @@ func cutPort(hostport string) (host, port string, ok bool) {
 	return hostport, "", false
 }
 
-// identityResolver is what resolveHandle needs from indigo's directory.
+// identityResolver is what resolveHandle needs from the directory.
 type identityResolver interface {
 	ResolveHandle(ctx context.Context, h syntax.Handle) (syntax.DID, error)
 }
 
-// newDirectory resolves handles not hosted here (DNS, then HTTPS
-// well-known) and DIDs through the configured PLC directory, with a cache.
-func newDirectory(cfg *config.Config) identityResolver {
-	base := &identity.BaseDirectory{
-		PLCURL:     cfg.PLCURL,
-		HTTPClient: http.Client{Timeout: resolveTimeout},
-		UserAgent:  "bulwark-pds",
+// newOutbound is the client of opts for requests to URLs users influence:
+// Options.Outbound, or one reaching public addresses and the configured
+// --proxy-allow-private networks.
+func newOutbound(opts Options, logger *slog.Logger) *outbound.Client {
+	if opts.Outbound != nil {
+		return opts.Outbound
 	}
-	return identity.NewCacheDirectory(base, 10_000, time.Hour, 2*time.Minute, 5*time.Minute)
+	return outbound.New(outbound.Config{AllowCIDRs: opts.Config.ProxyAllowPrivate, Logger: logger})
+}
+
+// newDirectory resolves handles not hosted here (DNS, then the HTTPS
+// well-known) and did:web documents through web, and did:plc at the
+// configured PLC directory, with a cache.
+func newDirectory(cfg *config.Config, web *outbound.Client, logger *slog.Logger) *outbound.Directory {
+	return outbound.NewDirectory(outbound.DirectoryConfig{PLCURL: cfg.PLCURL, Logger: logger}, web)
 }

@@ -3,7 +3,6 @@ package pds
 import (
 	"context"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -39,15 +38,20 @@ const (
 	blobReserve = 128 << 10
 	// proofReserve is a sync.getRecord proof CAR, built in memory: 127-130
 	// KiB measured for ordinary records (the commit, one MST node per
-	// level, the record, and the transaction's buffers).
+	// level, the record, and the transaction's buffers). The record's own
+	// bytes are reserved on top, proofRecordFactor times.
 	proofReserve = 256 << 10
+	// proofRecordFactor is a proof's heap per byte of its record: the row
+	// read, the copy in the CAR being built, and the CAR written out.
+	proofRecordFactor = 3
 	// blockReserve is what getBlocks reserves per CID asked for, before
 	// knowing the blocks' sizes: MST nodes and records are mostly well
-	// under a KiB. The reservation is trued up to blockFactor × the CAR as
-	// it grows.
+	// under a KiB. Once the sizes are known the reservation is what the
+	// stream holds: its buffer and the largest block, blockFactor times.
 	blockReserve = 8 << 10
-	// blockFactor is getBlocks' heap per byte of blocks: the row pgx read,
-	// the copy scanned out of it, the growing CAR (3.2-3.4 measured).
+	// blockFactor is getBlocks' heap per byte of the block in hand: the
+	// row pgx read and the copy scanned out of it (the CAR is streamed,
+	// not built).
 	blockFactor = 4
 	// recordDecodeFactor is the heap a record's JSON rendering holds per
 	// byte of its CBOR: read, decoded to a map, encoded as JSON (8.4-8.8
@@ -138,6 +142,12 @@ const cachedExportsPerSlot = 4
 // RateLimitExceeded with those headers and Retry-After. A policy that is
 // off (or a server without limits) allows everything.
 func (s *Server) rateLimit(w http.ResponseWriter, policy, key string, points int) error {
+	return s.rateLimitHeader(w.Header(), policy, key, points)
+}
+
+// rateLimitHeader is rateLimit for callers that hold only the response's
+// header (or none worth sending: a fresh one).
+func (s *Server) rateLimitHeader(h http.Header, policy, key string, points int) error {
 	l := s.protect.limits.Get(policy)
 	if l == nil {
 		return nil
@@ -145,15 +155,20 @@ func (s *Server) rateLimit(w http.ResponseWriter, policy, key string, points int
 	d := l.AllowN(key, points)
 	now := time.Now()
 	if d.Allowed {
-		ratelimit.SetHeaders(w.Header(), d, now)
+		ratelimit.SetHeaders(h, d, now)
 		return nil
 	}
 	// The global limit's headers may already be set; the refusing limit's
 	// replace them rather than adding second values.
-	h := w.Header()
 	for _, k := range []string{ratelimit.HeaderLimit, ratelimit.HeaderRemaining, ratelimit.HeaderReset, ratelimit.HeaderPolicy, ratelimit.HeaderRetryAfter} {
 		h.Del(k)
 	}
+	return rateLimitError(policy, d, now)
+}
+
+// rateLimitError is the 429 of a refused decision of policy, carrying the
+// RateLimit-* headers and Retry-After.
+func rateLimitError(policy string, d ratelimit.Decision, now time.Time) *XRPCError {
 	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", "rate limit exceeded (%s, %d per %s); retry in %s",
 		policy, d.Rule.Limit, d.Rule.Window, d.RetryAfter.Round(time.Second))
 	e.Header = ratelimit.Headers(d, now)
@@ -175,21 +190,6 @@ func (s *Server) limitIP(w http.ResponseWriter, r *http.Request, policy string) 
 // updateHandle).
 func (s *Server) limitDID(w http.ResponseWriter, policy string, did syntax.DID) error {
 	return s.rateLimit(w, policy, did.String(), 1)
-}
-
-// limitLogin applies the createSession limit, keyed by identifier and
-// address together: one address guessing many accounts' passwords and many
-// addresses guessing one account's are both slowed, while a user who
-// mistypes is not locked out by an attacker elsewhere.
-func (s *Server) limitLogin(w http.ResponseWriter, r *http.Request, identifier string) error {
-	return s.rateLimit(w, ratelimit.PolicyCreateSession, loginKey(identifier, s.clientIP(r)), 1)
-}
-
-// loginKey is the createSession limit's key: the identifier as typed (case
-// and spaces aside) and the client's address. The OAuth sign-in page uses
-// it too, so both ways of signing in share one budget.
-func loginKey(identifier string, addr netip.Addr) string {
-	return ratelimit.Key(strings.ToLower(strings.TrimSpace(identifier)), ratelimit.IPKey(addr))
 }
 
 // globalLimit is the per-address limit every XRPC method is under, checked
@@ -231,6 +231,20 @@ func (s *Server) reserve(ctx context.Context, n int64) (*budget.Reservation, err
 		return nil, nil // a nil *Reservation is valid and holds nothing
 	}
 	return s.protect.budget.Acquire(ctx, n)
+}
+
+// reserveMore makes res (an estimate reserved before the work) hold at
+// least n bytes once the real cost is known. A larger need is not added
+// to what res holds, which could wait forever while holding bytes others
+// wait for: res is given back and n is queued for like any request. The
+// returned reservation replaces res (and is nil, holding nothing, on
+// error).
+func (s *Server) reserveMore(ctx context.Context, res *budget.Reservation, n int64) (*budget.Reservation, error) {
+	if s.protect.budget == nil || n <= res.Size() {
+		return res, nil
+	}
+	res.Release()
+	return s.reserve(ctx, n)
 }
 
 // guard is reserve for a fixed cost, returning just the release.

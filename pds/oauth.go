@@ -10,7 +10,6 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/oauth"
-	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // The OAuth authorization server (package oauth) on this server's mux:
@@ -64,19 +63,16 @@ type oauthAccounts struct{ s *Server }
 
 // Login signs a person in on the authorization pages: the account's own
 // password only (an app password is refused as a wrong password: it is
-// for apps that cannot do OAuth), under the createSession limit keyed by
-// identifier and address as createSession is.
+// for apps that cannot do OAuth), under the same limits as createSession
+// (loginFrom).
 func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
 	s := o.s
 	addr, _ := ctx.Value(clientAddrKey).(netip.Addr)
-	if l := s.protect.limits.Get(ratelimit.PolicyCreateSession); l != nil && !l.AllowN(loginKey(identifier, addr), 1).Allowed {
-		return oauth.Account{}, oauth.ErrRateLimited
-	}
-	if len(password) > account.MaxPasswordLength {
-		return oauth.Account{}, oauth.ErrLoginFailed
-	}
-	a, app, err := s.accounts.Login(ctx, identifier, password)
+	a, app, err := s.loginFrom(ctx, http.Header{}, addr, identifier, password)
+	var xe *XRPCError
 	switch {
+	case errors.As(err, &xe) && xe.Status == http.StatusTooManyRequests:
+		return oauth.Account{}, oauth.ErrRateLimited
 	case errors.Is(err, account.ErrAuthFailed):
 		return oauth.Account{}, oauth.ErrLoginFailed
 	case errors.Is(err, account.ErrAccountTakendown):

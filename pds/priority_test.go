@@ -113,18 +113,32 @@ func TestExportWaitsForWriteInFlight(t *testing.T) {
 	gate := priority.New(priority.Config{MaxPause: time.Hour})
 	e, u := priorityEnv(t, gate)
 
-	// createRecord is foreground: it enters the gate, and leaves it.
+	// A commit is foreground: createRecord enters the gate, and leaves it.
 	before := gate.Stats().Entered
 	e.post(t, "com.atproto.repo.createRecord", u.access, map[string]any{
-		"repo": u.did, "collection": "app.bsky.feed.post", "record": post("foreground"),
+		"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "3kforeground", "record": post("foreground"),
 	}).ok(t)
 	require.Equal(t, before+1, gate.Stats().Entered)
 	require.Zero(t, gate.Stats().InFlight)
-	// So are the other writes, refused or not.
-	for _, nsid := range []string{"com.atproto.repo.putRecord", "com.atproto.repo.deleteRecord", "com.atproto.repo.applyWrites"} {
+	// So do the other writes' commits.
+	for nsid, in := range map[string]map[string]any{
+		"com.atproto.repo.putRecord": {"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "3kforeground", "record": post("again")},
+		"com.atproto.repo.applyWrites": {"repo": u.did, "writes": []any{map[string]any{
+			"$type": "com.atproto.repo.applyWrites#create", "collection": "app.bsky.feed.post", "value": post("batch"),
+		}}},
+		"com.atproto.repo.deleteRecord": {"repo": u.did, "collection": "app.bsky.feed.post", "rkey": "3kforeground"},
+	} {
+		before := gate.Stats().Entered
+		e.post(t, nsid, u.access, in).ok(t)
+		require.Equal(t, before+1, gate.Stats().Entered, nsid)
+	}
+	// A write refused before its commit (bad input, no session) holds
+	// nothing back: only the commit is foreground work.
+	for _, nsid := range []string{"com.atproto.repo.createRecord", "com.atproto.repo.putRecord", "com.atproto.repo.deleteRecord", "com.atproto.repo.applyWrites"} {
 		before := gate.Stats().Entered
 		e.post(t, nsid, u.access, map[string]any{})
-		require.Equal(t, before+1, gate.Stats().Entered, nsid)
+		e.post(t, nsid, "", map[string]any{"repo": u.did})
+		require.Equal(t, before, gate.Stats().Entered, nsid)
 	}
 	// Reads are not.
 	before = gate.Stats().Entered

@@ -164,11 +164,19 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, auth *writeAuth,
 // applyGuarded is repo.Engine.ApplyGuarded for the write handlers: it
 // charges the account's write points first (429 before any database work)
 // and counts the commit once it is durable.
+//
+// The commit is foreground work ("writes first", package priority):
+// background streams (getRepo exports, blob downloads) pause while it is
+// in flight. Only the commit: the body has been read, parsed and
+// authorised by now, so a client trickling its request cannot hold every
+// download back.
 func (s *Server) applyGuarded(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid, guard *repo.Guard) (*repo.CommitResult, error) {
 	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
 		return nil, err
 	}
+	leave := s.priority.Enter()
 	res, err := s.repo.ApplyGuarded(r.Context(), did, writes, swapCommit, guard)
+	leave()
 	if err == nil {
 		metrics.Commits.Inc()
 	}
@@ -524,52 +532,6 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request) error {
 	out, err := recordJSON(a.DID, rec)
 	if err != nil {
 		return err
-	}
-	return writeJSON(w, http.StatusOK, out)
-}
-
-type listRecordsOutput struct {
-	Cursor  string         `json:"cursor,omitempty"`
-	Records []recordOutput `json:"records"`
-}
-
-func (s *Server) handleListRecords(w http.ResponseWriter, r *http.Request) error {
-	p := queryParams(r)
-	repoID := p.required("repo")
-	coll := p.required("collection")
-	limit := p.intParam("limit", 50, 1, 100)
-	cursor := p.optional("cursor")
-	reverse := p.boolParam("reverse", false)
-	if err := p.Err(); err != nil {
-		return err
-	}
-	collection, err := parseCollection(coll)
-	if err != nil {
-		return err
-	}
-	if cursor != "" {
-		if _, err := parseRKey(cursor); err != nil {
-			return InvalidRequest("cursor %q is not a record key", cursor)
-		}
-	}
-	a, err := s.resolveRepo(r.Context(), repoID)
-	if err != nil {
-		return err
-	}
-	recs, next, err := s.repo.ListRecords(r.Context(), a.DID, collection, cursor, int(limit), reverse)
-	if err != nil {
-		return err
-	}
-	if recs, err = s.withoutTakendown(r.Context(), a.DID, collection, recs); err != nil {
-		return err
-	}
-	out := listRecordsOutput{Cursor: next, Records: make([]recordOutput, 0, len(recs))}
-	for i := range recs {
-		ro, err := recordJSON(a.DID, &recs[i])
-		if err != nil {
-			return err
-		}
-		out.Records = append(out.Records, ro)
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

@@ -73,15 +73,6 @@ func (s *Server) importOptions() repo.ImportOptions {
 	return repo.ImportOptions{MaxBytes: s.cfg.MaxImportSize, AllowOversize: s.cfg.ImportAllowOversize}
 }
 
-// importBody is the request body as Import reads it: with the read
-// deadline pushed forward before each read (the method is long-running,
-// so the server's whole-request timeout is off), so a client that stalls
-// is dropped. Once the body ends, net/http clears the deadline itself
-// (its background read), so the writes that follow run unhurried.
-func importBody(w http.ResponseWriter, r *http.Request) *idleReader {
-	return &idleReader{r: r.Body, rc: http.NewResponseController(w)}
-}
-
 // handleImportRepo answers com.atproto.repo.importRepo: the caller's own
 // repository is replaced by the one in the CAR body, which is how an
 // account migrating here brings its data (into the new, deactivated
@@ -102,7 +93,7 @@ func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate i
 		return err
 	}
 	defer leave()
-	res, err := s.repo.Import(r.Context(), a.DID, importBody(w, r), s.importOptions())
+	res, err := s.repo.Import(r.Context(), a.DID, r.Body, s.importOptions())
 	if err != nil {
 		return err
 	}
@@ -164,7 +155,7 @@ func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, g
 			After:  map[string]any{"commit": res.Commit.String(), "rev": res.Rev, "records": res.Records, "bytes": res.Bytes},
 		})
 	}
-	res, err := s.repo.Import(r.Context(), did, importBody(w, r), opts)
+	res, err := s.repo.Import(r.Context(), did, r.Body, opts)
 	if err != nil {
 		return err
 	}

@@ -125,10 +125,11 @@ type Options struct {
 	// XRPC method accept its DPoP-bound access tokens within their
 	// granted scope. Needs Accounts.
 	OAuth *oauth.Config
-	// Outbound is the shared client for URLs users influence (service
-	// proxying, handle and did:web resolution), built with
-	// Config.ProxyAllowPrivate. Nil: no service proxying; methods this
-	// server does not serve answer 501.
+	// Outbound is the client for requests to URLs users influence (handle
+	// resolution, the service proxy, OAuth client metadata), built with
+	// Config.ProxyAllowPrivate. Nil means one built from Config for handle
+	// resolution, and no service proxying: methods this server does not
+	// serve answer 501.
 	Outbound *outbound.Client
 	// Keys signs the service-auth tokens proxied requests carry (the
 	// account KeyStore). Nil: proxied requests carry no token.
@@ -150,6 +151,9 @@ type Options struct {
 	// request's context and the hold's length, and returns when the hold
 	// is over.
 	holdRefused func(ctx context.Context, d time.Duration)
+	// bodyRate, when set (tests), replaces the minimum rate of
+	// long-running requests' bodies (MinBodyRate after BodyGrace).
+	bodyRate *bodyRate
 }
 
 // Server is the PDS's HTTP front: it owns the routes and the middleware,
@@ -184,6 +188,8 @@ type Server struct {
 	// serviceAuth checks service-auth JWTs addressed to this server
 	// (createAccount for an existing DID).
 	serviceAuth *auth.ServiceAuthValidator
+	// outbound makes every request to a URL a user influences.
+	outbound *outbound.Client
 
 	blobs *blob.Service
 	// oauth is the OAuth authorization server (nil: no OAuth).
@@ -206,6 +212,8 @@ type Server struct {
 	console http.Handler
 	// onOverload hears of each 503 ServiceOverloaded (nil: nobody).
 	onOverload func()
+	// bodyRate is the minimum rate of long-running requests' bodies.
+	bodyRate bodyRate
 }
 
 // New builds a Server and registers its routes.
@@ -237,7 +245,12 @@ func New(opts Options) (*Server, error) {
 	if opts.holdRefused != nil {
 		s.holdRefused = opts.holdRefused
 	}
-	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config)
+	s.bodyRate = defaultBodyRate
+	if opts.bodyRate != nil {
+		s.bodyRate = *opts.bodyRate
+	}
+	s.outbound = newOutbound(opts, logger)
+	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config, s.outbound, logger)
 	s.serviceAuth = newServiceAuthValidator(opts.Config, logger)
 	s.blobs = opts.Blobs
 	p, err := newProxy(opts, logger)
@@ -297,8 +310,6 @@ func (s *Server) routes() {
 	s.registerImportRoutes()
 	s.registerServiceAuthRoutes()
 	s.registerSyncRoutes()
-	// Writes first: background streams pause while these are in flight.
-	s.foreground(foregroundMethods...)
 
 	// com.atproto.server
 	s.query("com.atproto.server.describeServer", s.handleDescribeServer)
@@ -319,35 +330,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/", s.handleNotFound)
 }
 
-// foregroundMethods are the writes that background streams (getRepo
-// exports, blob downloads) give way to: a user's post must not wait behind
-// a scraper's 25 MB CAR for the CPU.
-var foregroundMethods = []string{
-	"com.atproto.repo.createRecord",
-	"com.atproto.repo.putRecord",
-	"com.atproto.repo.deleteRecord",
-	"com.atproto.repo.applyWrites",
-	"com.atproto.repo.uploadBlob",
-}
-
-// foreground makes the registered methods among nsids foreground work:
-// their handlers run inside the priority gate. It wraps the handler, not
-// the route, so that a request refused before its handler (a method not
-// allowed, the global rate limit) holds nothing back.
-func (s *Server) foreground(nsids ...string) {
-	for _, nsid := range nsids {
-		m := s.methods[nsid]
-		if m == nil {
-			continue // not served by this configuration
-		}
-		h := m.handler
-		m.handler = func(w http.ResponseWriter, r *http.Request) error {
-			leave := s.priority.Enter()
-			defer leave()
-			return h(w, r)
-		}
-	}
-}
+// Outbound is the client every request to a URL a user influences goes
+// through (Options.Outbound, or the one New built).
+func (s *Server) Outbound() *outbound.Client { return s.outbound }
 
 // Priority is the gate writes enter and background streams yield to
 // (package priority).
@@ -458,12 +443,12 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				s.logger.LogAttrs(ctx, level, "request",
 					slog.String("request_id", id),
 					slog.String("method", r.Method),
-					slog.String("path", r.URL.Path),
+					slog.String("path", clip(r.URL.Path, maxLoggedPath)),
 					slog.Int("status", status),
 					slog.Int64("bytes", rec.bytes),
 					slog.Duration("duration", elapsed),
 					slog.String("client", s.clientIP(r).String()),
-					slog.String("user_agent", r.UserAgent()),
+					slog.String("user_agent", userAgent(r)),
 				)
 			}
 			s.observeRequest(r, status, rec.hijacked, elapsed)
@@ -480,7 +465,7 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				// net/http's way to abort a response silently.
 				panic(v)
 			}
-			s.logger.Error("panic in handler", "request_id", id, "path", r.URL.Path,
+			s.logger.Error("panic in handler", "request_id", id, "path", clip(r.URL.Path, maxLoggedPath),
 				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			if rec.wroteHeader || rec.hijacked {
 				// Too late for an error body; make sure the client does not

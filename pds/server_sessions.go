@@ -71,13 +71,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) err
 	if strings.TrimSpace(in.Identifier) == "" || in.Password == "" {
 		return InvalidRequest("identifier and password are required")
 	}
-	if err := s.limitLogin(w, r, in.Identifier); err != nil {
-		return err
-	}
-	if len(in.Password) > account.MaxPasswordLength {
-		return account.ErrAuthFailed
-	}
-	a, app, err := s.accounts.Login(r.Context(), in.Identifier, in.Password)
+	a, app, err := s.login(w, r, in.Identifier, in.Password)
 	if err != nil {
 		return err
 	}

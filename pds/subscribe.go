@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // subscribeUpgrader upgrades admitted subscribeRepos requests. A botched
@@ -67,9 +68,7 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 	client := s.clientIP(r)
 	ticket, retry, err := s.subscribeAdmission.Admit(client, now)
 	if err != nil {
-		s.subscribeRefusals.note(s.logger, client, err, now)
-		s.firehose.Refused(firehose.Client{IP: client.String(), UserAgent: r.UserAgent()})
-		return RateLimitExceeded(retry, "%s", err.Error())
+		return s.refuseSubscription(r, client, retry, err, now)
 	}
 	defer ticket.Release()
 
@@ -90,12 +89,30 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 		s.logger.Debug("subscribeRepos upgrade failed", "err", err)
 		return nil
 	}
-	err = s.firehose.Serve(r.Context(), conn, cursor, firehose.Client{IP: client.String(), UserAgent: r.UserAgent()})
+	err = s.firehose.Serve(r.Context(), conn, cursor, firehose.Client{IP: client.String(), UserAgent: userAgent(r)})
 	if err != nil && !firehose.IsClientGone(err) {
 		s.logger.Warn("subscribeRepos ended on an error", "request_id", RequestID(r.Context()),
 			"client", s.clientIP(r).String(), "err", err)
 	}
 	return nil
+}
+
+// refuseSubscription answers an upgrade admission refused. Refused
+// upgrades count against the client's global per-address limit (which
+// subscribeRepos is otherwise exempt from, since admission has its own
+// bucket): within it the refusal is noted in the summary log and in
+// consumer health, by address only; past it the client gets the global
+// limit's 429 and nothing is recorded, so that a flood of refusals costs a
+// fixed amount whatever it sends.
+func (s *Server) refuseSubscription(r *http.Request, client netip.Addr, retry time.Duration, err error, now time.Time) error {
+	if l := s.protect.limits.Get(ratelimit.PolicyGlobal); l != nil {
+		if d := l.AllowN(ratelimit.IPKey(client), 1); !d.Allowed {
+			return rateLimitError(ratelimit.PolicyGlobal, d, now)
+		}
+	}
+	s.subscribeRefusals.note(s.logger, client, err, now)
+	s.firehose.Refused(client.String())
+	return RateLimitExceeded(retry, "%s", err.Error())
 }
 
 // newSubscribeAdmission builds the subscribeRepos admission controller

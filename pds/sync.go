@@ -14,8 +14,6 @@ import (
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
-	"github.com/ipld/go-car"
-	"github.com/ipld/go-car/util"
 	"golang.org/x/time/rate"
 
 	"github.com/bulwark-pds/bulwark/account"
@@ -275,12 +273,22 @@ func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return InvalidRequest("parameter \"rkey\": %v", err)
 	}
-	release, err := s.guard(r.Context(), proofReserve)
+	// The proof's fixed part first, so that a refusal costs no database
+	// work; then the record's own bytes once its size is known (the
+	// record is not read for that).
+	res, err := s.reserve(r.Context(), proofReserve)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer func() { res.Release() }()
 	if _, err := s.availableRepoFor(r, did); err != nil {
+		return err
+	}
+	size, err := s.repo.RecordSize(r.Context(), did, coll, rkey)
+	if err != nil {
+		return err
+	}
+	if res, err = s.reserveMore(r.Context(), res, proofReserve+int64(size)*proofRecordFactor); err != nil {
 		return err
 	}
 	if err := s.recordServable(r.Context(), did, coll, rkey); err != nil {
@@ -291,75 +299,6 @@ func (s *Server) handleSyncGetRecord(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	return writeCAR(w, proof)
-}
-
-// handleGetBlocks answers com.atproto.sync.getBlocks: the requested blocks
-// of the repository's current state (commit, MST nodes, records) as a CAR
-// without roots.
-func (s *Server) handleGetBlocks(w http.ResponseWriter, r *http.Request) error {
-	p := queryParams(r)
-	did := p.did("did")
-	raw := p.list("cids")
-	if err := p.Err(); err != nil {
-		return err
-	}
-	if len(raw) == 0 {
-		return InvalidRequest("missing required parameter \"cids\"")
-	}
-	if len(raw) > MaxGetBlocks {
-		return InvalidRequest("%d cids asked for; the limit is %d per request", len(raw), MaxGetBlocks)
-	}
-	cids := make([]cid.Cid, 0, len(raw))
-	seen := map[cid.Cid]bool{}
-	for _, c := range raw {
-		parsed, err := cid.Decode(c)
-		if err != nil {
-			return InvalidRequest("%q is not a CID: %v", c, err)
-		}
-		if !seen[parsed] {
-			seen[parsed] = true
-			cids = append(cids, parsed)
-		}
-	}
-	res, err := s.reserve(r.Context(), int64(len(cids))*blockReserve)
-	if err != nil {
-		return err
-	}
-	defer res.Release()
-	st, err := s.availableRepoFor(r, did)
-	if err != nil {
-		return err
-	}
-	var buf carBuffer
-	if err := car.WriteHeader(&car.CarHeader{Roots: []cid.Cid{}, Version: 1}, &buf); err != nil {
-		return err
-	}
-	var missing []string
-	for _, c := range cids {
-		var data []byte
-		if c.Equals(st.head.Commit) {
-			data = st.head.CommitBytes
-		} else {
-			data, err = s.repo.GetBlock(r.Context(), did, c)
-			if errors.Is(err, repo.ErrRecordNotFound) {
-				missing = append(missing, c.String())
-				continue
-			}
-			if err != nil {
-				return err
-			}
-		}
-		if err := util.LdWrite(&buf, c.Bytes(), data); err != nil {
-			return err
-		}
-		if n := int64(len(buf)) * blockFactor; n > res.Size() {
-			res.Resize(n) // larger blocks than estimated: account for them
-		}
-	}
-	if len(missing) > 0 {
-		return BlockNotFound("could not find cids: %v", missing)
-	}
-	return writeCAR(w, buf)
 }
 
 // listReposOutput is com.atproto.sync.listRepos's output. The indigo type

@@ -32,6 +32,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/limits"
@@ -65,6 +66,10 @@ type syncOptions struct {
 	exportSlots int
 	// carCache turns the getRepo CAR cache on (in the data dir).
 	carCache bool
+	// bodyRate replaces the minimum rate of long-running request bodies.
+	bodyRate *bodyRate
+	// budget is Options.Budget.
+	budget *budget.Budget
 }
 
 func syncSetup(t testing.TB, o syncOptions) *syncBundle {
@@ -103,7 +108,7 @@ func syncSetup(t testing.TB, o syncOptions) *syncBundle {
 	require.NoError(t, err)
 
 	b := &syncBundle{pool: pool, engine: engine, blobs: blobs, store: store, keys: keys, accounts: accounts}
-	opts := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots}
+	opts := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Repo: engine, Accounts: accounts, Blobs: blobs, ExportSlots: o.exportSlots, bodyRate: o.bodyRate, Budget: o.budget}
 	if o.carCache {
 		opts.CARCacheDir = filepath.Join(cfg.DataDir, "car-cache")
 	}

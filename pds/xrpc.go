@@ -28,7 +28,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.onOverload()
 	}
 	logger := func() *slog.Logger {
-		return s.logger.With("request_id", RequestID(r.Context()), "path", r.URL.Path)
+		return s.logger.With("request_id", RequestID(r.Context()), "path", clip(r.URL.Path, maxLoggedPath))
 	}
 	// A 503 is a refusal under load, like a 429: logging each at error
 	// level would add a synchronous write per refused request exactly when
@@ -45,13 +45,16 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			logger().Error("request failed", "status", xe.Status, "error", err)
 		}
 	} else if s.logger.Enabled(r.Context(), slog.LevelDebug) {
-		logger().Debug("request refused", "status", xe.Status, "error", xe.Name, "message", xe.Message)
+		logger().Debug("request refused", "status", xe.Status, "error", xe.Name, "message", clip(xe.Message, maxLoggedMessage))
 	}
 	if rec, ok := w.(*responseRecorder); ok && rec.wroteHeader {
 		logger().Warn("error after the response started; cannot report it to the client", "error", err)
 		return
 	}
+	// The error's headers replace any set earlier (a limit that allowed
+	// the request set its RateLimit-* headers before another refused it).
 	for k, vs := range xe.Header {
+		w.Header().Del(k)
 		for _, v := range vs {
 			w.Header().Add(k, v)
 		}
@@ -85,7 +88,7 @@ func decodeJSON(r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return InvalidRequest("request body must be application/json, not %q", ct)
+			return InvalidRequest("request body must be application/json, not %q", clip(ct, maxQuoted))
 		}
 	}
 	dec := json.NewDecoder(r.Body)
@@ -343,10 +346,21 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		if err := rc.SetReadDeadline(time.Time{}); err != nil {
 			s.logger.Debug("cannot clear read deadline", "error", err)
 		}
+		if m.kind == kindProcedure {
+			// Its body is no longer under ReadTimeout: hold it to a rate.
+			r.Body = readCloser{newRateReader(w, r.Body, s.bodyRate), r.Body}
+		}
 	}
 	if err := m.handler(w, r); err != nil {
 		s.writeError(w, r, err)
 	}
+}
+
+// readCloser is a request body read through a wrapper and closed as the
+// original.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // methodNotImplemented answers any /xrpc/ path with no registered method.

@@ -27,8 +27,20 @@ const (
 	PolicyGlobal = "global"
 	// PolicyGetRepo replaces the global limit for sync.getRepo, keyed by IP.
 	PolicyGetRepo = "getRepo"
-	// PolicyCreateSession is keyed by Key(lowercased identifier, IP).
+	// PolicyCreateSession is the login budget of one account, keyed by
+	// its DID whatever identifier (handle, email, DID) names it; a login
+	// for no account is keyed by its normalised identifier.
 	PolicyCreateSession = "createSession"
+	// PolicyLoginAddress is the login budget of one address (an IPv6 /64),
+	// whatever accounts it tries: each password check costs a memory-hard
+	// hash.
+	PolicyLoginAddress = "loginAddress"
+	// PolicyAdminAuth counts failed admin authentications per address;
+	// past it even the right password is refused until the window allows.
+	PolicyAdminAuth = "adminAuth"
+	// PolicyResolveHandle is keyed by IP: resolving a handle not hosted
+	// here makes the server do DNS and HTTPS requests.
+	PolicyResolveHandle = "resolveHandle"
 	// PolicyCreateAccount is keyed by IP.
 	PolicyCreateAccount = "createAccount"
 	// PolicyUploadBlob is keyed by DID.
@@ -61,7 +73,7 @@ const (
 
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
 // (bluesky-social/atproto) applies when its rate limiting is on, and
-// Bulwark's own console login limit.
+// Bulwark's own: loginAddress, adminAuth, resolveHandle and consoleLogin.
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -74,6 +86,9 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyGlobal:        {{Name: "5m", Limit: 3000, Window: fiveMin}},
 		PolicyGetRepo:       {{Name: "5m", Limit: 6000, Window: fiveMin}},
 		PolicyCreateSession: {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
+		PolicyLoginAddress:  {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
+		PolicyAdminAuth:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+		PolicyResolveHandle: {{Name: "5m", Limit: 100, Window: fiveMin}},
 		PolicyCreateAccount: {{Name: "5m", Limit: 100, Window: fiveMin}},
 		PolicyUploadBlob:    {{Name: "day", Limit: 1000, Window: Day}},
 		PolicyUpdateHandle:  {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 50, Window: Day}},

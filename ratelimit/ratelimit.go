@@ -329,6 +329,29 @@ func (sh *shard) remove(e *entry) {
 	delete(sh.entries, e.key)
 }
 
+// Refund gives points back to key, up to each rule's limit: for limits
+// that count only failures (an admin password guess, a login that did not
+// succeed), a call spends its points before the work, so that concurrent
+// calls cannot all pass a check together, and refunds them when the work
+// succeeds. A key no longer tracked is left alone (its buckets are full).
+func (l *Limiter) Refund(key string, points int) {
+	if l == nil || len(l.rules) == 0 || points <= 0 {
+		return
+	}
+	now := int64(l.now().Sub(l.epoch))
+	sh := &l.shards[maphash.String(l.seed, key)%numShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.entries[key]
+	if !ok {
+		return
+	}
+	refill(e, l, now)
+	for i, r := range l.rules {
+		e.tokens[i] = min(float64(r.Limit), e.tokens[i]+float64(points))
+	}
+}
+
 // Len returns the number of keys tracked.
 func (l *Limiter) Len() int {
 	if l == nil {

@@ -401,3 +401,26 @@ func BenchmarkAllowParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestRefund: points given back make room again, never beyond a rule's
+// limit, and a key never seen stays untracked.
+func TestRefund(t *testing.T) {
+	t.Parallel()
+	l, _ := setup(t, 0, Rule{Name: "1m", Limit: 2, Window: time.Minute}, Rule{Name: "1h", Limit: 3, Window: time.Hour})
+	for range 2 {
+		ok, _, _ := l.Allow("a")
+		require.True(t, ok)
+	}
+	ok, _, _ := l.Allow("a")
+	require.False(t, ok)
+	l.Refund("a", 1)
+	ok, _, remaining := l.Allow("a")
+	require.True(t, ok)
+	require.Zero(t, remaining)
+	l.Refund("a", 100)
+	d := l.AllowN("a", 1)
+	require.True(t, d.Allowed)
+	require.Equal(t, 1, d.Remaining, "refunds stop at each rule's limit")
+	l.Refund("never", 1)
+	require.Equal(t, 1, l.Len())
+}

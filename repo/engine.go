@@ -30,8 +30,6 @@ var (
 	qGetNode         = queries.MustGet("GetNode")
 	qInsertNodes     = queries.MustGet("InsertNodes")
 	qGetRecord       = queries.MustGet("GetRecord")
-	qListRecordsAsc  = queries.MustGet("ListRecordsAsc")
-	qListRecordsDesc = queries.MustGet("ListRecordsDesc")
 	qListCollections = queries.MustGet("ListCollections")
 	qExportNodes     = queries.MustGet("ExportNodes")
 	qExportRecords   = queries.MustGet("ExportRecords")

@@ -23,18 +23,6 @@ ON CONFLICT (did, cid) DO NOTHING;
 -- name: GetRecord
 SELECT cid, data FROM records WHERE did = $1 AND collection = $2 AND rkey = $3;
 
--- name: ListRecordsAsc
-SELECT rkey, cid, data FROM records
-WHERE did = $1 AND collection = $2 AND rkey > $3
-ORDER BY rkey
-LIMIT $4;
-
--- name: ListRecordsDesc
-SELECT rkey, cid, data FROM records
-WHERE did = $1 AND collection = $2 AND ($3 = '' OR rkey < $3)
-ORDER BY rkey DESC
-LIMIT $4;
-
 -- name: ListCollections
 -- A loose index scan: one index probe per distinct collection, not a scan
 -- of every record.

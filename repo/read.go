@@ -45,20 +45,24 @@ func (e *Engine) GetRecord(ctx context.Context, did syntax.DID, collection synta
 
 // ListRecords returns up to limit records of one collection ordered by rkey,
 // newest (highest rkey) first unless ascending, after cursor (an rkey; ""
-// starts at the beginning). The returned cursor is "" at the end.
-func (e *Engine) ListRecords(ctx context.Context, did syntax.DID, collection syntax.NSID, cursor string, limit int, ascending bool) ([]Record, string, error) {
+// starts at the beginning). The page ends early where its records would
+// hold more than maxBytes (at least one record always comes), so that
+// what one call holds in memory is bounded whatever the records' sizes.
+// The returned cursor is "" at the end.
+func (e *Engine) ListRecords(ctx context.Context, did syntax.DID, collection syntax.NSID, cursor string, limit int, ascending bool, maxBytes int64) ([]Record, string, error) {
 	q := qListRecordsDesc
 	if ascending {
 		q = qListRecordsAsc
 	}
-	rows, err := e.pool.Query(ctx, q, did.String(), collection.String(), cursor, limit)
+	rows, err := e.pool.Query(ctx, q, did.String(), collection.String(), cursor, limit, maxBytes)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing records: %w", db.Translate(err))
 	}
 	var out []Record
 	var rkey string
 	var raw, data []byte
-	_, err = pgx.ForEachRow(rows, []any{&rkey, &raw, &data}, func() error {
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&rkey, &raw, &data, &n}, func() error {
 		c, err := cid.Cast(raw)
 		if err != nil {
 			return fmt.Errorf("%w: record cid: %v", ErrCorruptRepo, err)
@@ -70,7 +74,7 @@ func (e *Engine) ListRecords(ctx context.Context, did syntax.DID, collection syn
 		return nil, "", fmt.Errorf("listing records: %w", db.Translate(err))
 	}
 	next := ""
-	if len(out) == limit && limit > 0 {
+	if len(out) > 0 && (int64(len(out)) < n || len(out) == limit) {
 		next = out[len(out)-1].RKey.String()
 	}
 	return out, next, nil

@@ -1,0 +1,72 @@
+package pds
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+// Request bodies of long-running procedures (uploadBlob) are not under
+// the server's ReadTimeout, which a large upload on a slow uplink would
+// outlast. They are held to a minimum transfer rate instead: after a
+// grace period, the body must have arrived at MinBodyRate on average
+// since it began, and no read may wait longer than the grace period. A
+// body of n bytes therefore gets at most BodyGrace + n/MinBodyRate,
+// however it is sent; a client trickling a byte every few seconds is cut
+// off once the grace period is over.
+const (
+	// MinBodyRate is the slowest average rate, in bytes a second, a
+	// long-running request's body may arrive at: a poor mobile uplink
+	// sends several times this.
+	MinBodyRate = 8 << 10
+	// BodyGrace is how long a body may take before the rate applies
+	// (connection set-up, a slow start), and the longest one read may
+	// wait for data.
+	BodyGrace = 30 * time.Second
+)
+
+// errBodyTooSlow is what a body read fails with when the client fell
+// behind the rate.
+var errBodyTooSlow = errors.New("request body arrived too slowly")
+
+// bodyRate is the rule rateReader applies; tests shorten it.
+type bodyRate struct {
+	grace time.Duration
+	rate  int64 // bytes a second
+}
+
+var defaultBodyRate = bodyRate{grace: BodyGrace, rate: MinBodyRate}
+
+// rateReader enforces bodyRate on a request body by moving the
+// connection's read deadline before every read: to when the schedule
+// says the next byte is due, or BodyGrace from now, whichever is sooner.
+type rateReader struct {
+	r     io.Reader
+	rc    *http.ResponseController
+	rule  bodyRate
+	start time.Time
+	n     int64
+}
+
+func newRateReader(w http.ResponseWriter, body io.Reader, rule bodyRate) *rateReader {
+	return &rateReader{r: body, rc: http.NewResponseController(w), rule: rule, start: time.Now()}
+}
+
+func (b *rateReader) Read(p []byte) (int, error) {
+	now := time.Now()
+	due := b.start.Add(b.rule.grace + time.Duration(float64(b.n+1)/float64(b.rule.rate)*float64(time.Second)))
+	if idle := now.Add(b.rule.grace); idle.Before(due) {
+		due = idle
+	}
+	_ = b.rc.SetReadDeadline(due)
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: %d bytes in %s, below %d bytes a second: %w",
+			errBodyTooSlow, b.n, time.Since(b.start).Round(time.Millisecond), b.rule.rate, err)
+	}
+	return n, err
+}

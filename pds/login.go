@@ -1,0 +1,79 @@
+package pds
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/ratelimit"
+)
+
+// Password logins are what an attacker guesses with, and each check is a
+// memory-hard hash, so three bounds apply before one is computed:
+//
+//   - the address's budget (loginAddress, an IPv6 /64 counting as one
+//     address), whatever accounts it tries: one address guessing many
+//     accounts, or many unknown identifiers, is slowed;
+//   - the account's budget (createSession), keyed by its DID whichever of
+//     handle, email or DID names it, so that one account has one budget;
+//     a login for no account is keyed by its normalised identifier;
+//   - the hash slots (account.Config.PasswordHashes): past them the login
+//     is refused at once with 503 ServiceOverloaded, and its points are
+//     given back, since nothing was checked.
+
+// login checks a password login and returns the account and the app
+// password used (nil for the account password).
+func (s *Server) login(w http.ResponseWriter, r *http.Request, identifier, password string) (*account.Account, *account.AppPasswordInfo, error) {
+	return s.loginFrom(r.Context(), w.Header(), s.clientIP(r), identifier, password)
+}
+
+// loginFrom is login for a client at addr, with the rate limits' headers
+// set on h. The OAuth sign-in page shares it, so both ways of signing in
+// spend the same budgets.
+func (s *Server) loginFrom(ctx context.Context, h http.Header, addr netip.Addr, identifier, password string) (*account.Account, *account.AppPasswordInfo, error) {
+	addrKey := ratelimit.IPKey(addr)
+	if err := s.rateLimitHeader(h, ratelimit.PolicyLoginAddress, addrKey, 1); err != nil {
+		return nil, nil, err
+	}
+	a, err := s.accounts.Lookup(ctx, identifier)
+	if err != nil && !errors.Is(err, account.ErrAccountNotFound) {
+		return nil, nil, err
+	}
+	acctKey := loginKey(a, identifier)
+	if err := s.rateLimitHeader(h, ratelimit.PolicyCreateSession, acctKey, 1); err != nil {
+		return nil, nil, err
+	}
+	if len(password) > account.MaxPasswordLength {
+		// No password that long was ever accepted; hashing it would
+		// only cost time.
+		return nil, nil, account.ErrAuthFailed
+	}
+	a, app, err := s.accounts.LoginAccount(ctx, a, password)
+	if errors.Is(err, account.ErrPasswordBusy) {
+		s.protect.limits.Get(ratelimit.PolicyLoginAddress).Refund(addrKey, 1)
+		s.protect.limits.Get(ratelimit.PolicyCreateSession).Refund(acctKey, 1)
+		return nil, nil, err
+	}
+	return a, app, err
+}
+
+// loginKey is the per-account login limit's key: the account's DID, or,
+// for an identifier no account has, the identifier as Lookup would read it
+// (its hash when it is longer than any real identifier, so that a client
+// cannot make the limiter store long keys).
+func loginKey(a *account.Account, identifier string) string {
+	if a != nil {
+		return a.DID.String()
+	}
+	id := strings.ToLower(strings.TrimPrefix(strings.TrimSpace(identifier), "@"))
+	if len(id) > maxIdentifierKey {
+		sum := sha256.Sum256([]byte(id))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return id
+}
