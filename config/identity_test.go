@@ -88,7 +88,7 @@ func TestBound(t *testing.T) {
 // TestSettings: every setting once, by flag and variable, secrets hidden.
 func TestSettings(t *testing.T) {
 	t.Parallel()
-	c, err := parse(t, nil, "--admin-password", "hunter2hunter2", "--database-url", "postgres://u:dbsecret@db/bulwark")
+	c, err := parse(t, nil, "--admin-password", "hunter2hunter2hunter2", "--database-url", "postgres://u:dbsecret@db/bulwark")
 	require.NoError(t, err)
 	got := map[string]string{}
 	for _, s := range c.Settings() {
