@@ -141,8 +141,12 @@ func mimeMatches(pattern, mime string) bool {
 // (a DID service reference such as "did:web:api.bsky.app#bsky_appview"),
 // through the proxy or with a service-auth token.
 func (p *Permissions) CanRPC(lxm, aud string) bool {
-	if p.generic {
-		return !strings.HasPrefix(lxm, chatPrefix) || p.chat
+	// transition:generic is what an app password may do: not chat unless
+	// transition:chat.bsky is granted too, and never a token that lets
+	// another server create this account (a move), which only an explicit
+	// rpc: permission grants.
+	if p.generic && lxm != createAccountNSID && (!strings.HasPrefix(lxm, chatPrefix) || p.chat) {
+		return true
 	}
 	for _, perm := range p.perms {
 		if perm.Resource != "rpc" {
@@ -157,6 +161,10 @@ func (p *Permissions) CanRPC(lxm, aud string) bool {
 	}
 	return false
 }
+
+// createAccountNSID is the method whose service token moves the account
+// to another server.
+const createAccountNSID = "com.atproto.server.createAccount"
 
 // CanAccount reports whether the account attribute attr ("email", "repo")
 // may be used with action (ActionRead or ActionManage). Manage includes

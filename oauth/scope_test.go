@@ -46,6 +46,7 @@ func TestPermissions(t *testing.T) {
 			{"blob", blob("video/mp4"), true},
 			{"timeline", rpc("app.bsky.feed.getTimeline", appview), true},
 			{"chat", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
+			{"move away", rpc("com.atproto.server.createAccount", "did:web:other.example"), false},
 			{"email", account("email", "read"), false},
 			{"import", account("repo", "manage"), false},
 			{"handle", ident("handle"), false},
@@ -54,6 +55,9 @@ func TestPermissions(t *testing.T) {
 			{"chat", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), true},
 			{"email", account("email", "read"), true},
 			{"change email", account("email", "manage"), false},
+		},
+		"atproto transition:generic rpc:com.atproto.server.createAccount?aud=*": {
+			{"move away, granted", rpc("com.atproto.server.createAccount", "did:web:other.example"), true},
 		},
 		"atproto transition:chat.bsky": {
 			{"chat without generic", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
