@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -71,9 +73,39 @@ func (s *Server) handleResolveHandle(w http.ResponseWriter, r *http.Request) err
 			return r.Context().Err() // the client went away
 		}
 		s.logger.Debug("handle not resolved", "request_id", RequestID(r.Context()), "handle", h, "error", err)
+		if did, ok := s.resolveHandleAtAppView(ctx, h); ok {
+			return writeJSON(w, http.StatusOK, map[string]string{"did": did.String()})
+		}
 		return handleNotFound()
 	}
 	return writeJSON(w, http.StatusOK, map[string]string{"did": did.String()})
+}
+
+// maxAppViewResolve bounds the app view's resolveHandle answer: a DID in
+// a small JSON object.
+const maxAppViewResolve = 4 << 10
+
+// resolveHandleAtAppView asks the configured app view, when the service
+// proxy is on, for a handle this server could not resolve itself (as the
+// reference PDS does): its resolver may reach what this one cannot. The
+// request goes through the outbound client like any other.
+func (s *Server) resolveHandleAtAppView(ctx context.Context, h syntax.Handle) (syntax.DID, bool) {
+	if s.proxy == nil || s.cfg.AppViewURL == "" {
+		return "", false
+	}
+	u := strings.TrimRight(s.cfg.AppViewURL, "/") + "/xrpc/com.atproto.identity.resolveHandle?handle=" + url.QueryEscape(h.String())
+	var out struct {
+		DID string `json:"did"`
+	}
+	if err := s.outbound.GetJSON(ctx, u, maxAppViewResolve, &out); err != nil {
+		s.logger.Debug("app view did not resolve the handle", "handle", h, "error", err)
+		return "", false
+	}
+	did, err := syntax.ParseDID(out.DID)
+	if err != nil {
+		return "", false
+	}
+	return did, true
 }
 
 // handleNotFound is resolveHandle's one answer for a handle it cannot

@@ -150,3 +150,15 @@ func TestProxyReadAfterWrite(t *testing.T) {
 	require.Equal(t, "Upstream name", prof.str(t, "displayName"))
 	require.Equal(t, syntax.DID(prof.str(t, "did")), u.did)
 }
+
+// A handle this server cannot resolve itself is asked of the app view, as
+// the reference PDS does; what the app view cannot resolve either is the
+// usual HandleNotFound.
+func TestResolveHandleFallsBackToAppView(t *testing.T) {
+	t.Parallel()
+	e := newProxyEnv(t, proxyEnvOptions{})
+	res := e.call(t, "com.atproto.identity.resolveHandle", "", "", url.Values{"handle": {fakeservices.ResolvableHandle}}).ok(t)
+	require.Equal(t, "did:plc:fakeauthor2345fakeauthor", res.json(t)["did"])
+	e.call(t, "com.atproto.identity.resolveHandle", "", "", url.Values{"handle": {"nobody.elsewhere.invalid"}}).fails(t, http.StatusBadRequest, "HandleNotFound")
+	require.Len(t, e.calls("com.atproto.identity.resolveHandle"), 2)
+}

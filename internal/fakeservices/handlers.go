@@ -64,8 +64,19 @@ const fakeAuthor = "did:plc:fakeauthor2345fakeauthor"
 // that whatever a test writes now is newer.
 var upstreamTime = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 
+// ResolvableHandle is the one handle the fake app view resolves (to
+// fakeAuthor): one a PDS cannot resolve itself.
+const ResolvableHandle = "friend.elsewhere.invalid"
+
 func (s *Services) appViewHandlers() map[string]handler {
 	return map[string]handler{
+		"com.atproto.identity.resolveHandle": {serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
+			if r.URL.Query().Get("handle") != ResolvableHandle {
+				writeError(w, http.StatusBadRequest, "HandleNotFound", "Unable to resolve handle")
+				return
+			}
+			s.answer(w, caller, map[string]any{"did": fakeAuthor})
+		}},
 		"app.bsky.feed.getTimeline": {required: true, serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
 			s.answer(w, caller, map[string]any{"feed": []any{
 				feedItem(postView(fakeAuthor, "timeline1", "upstream timeline post", upstreamTime.Add(time.Hour))),
