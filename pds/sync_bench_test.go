@@ -28,7 +28,7 @@ const benchRecords = 100_000
 // benchClients stream the export at once.
 const benchClients = 8
 
-// maxStreamHeap is the acceptance bound on the server's heap while the
+// maxStreamHeap is the bound the benchmark holds the server's heap to while the
 // clients stream.
 const maxStreamHeap = 64 << 20
 

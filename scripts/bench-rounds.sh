@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the throughput floors' benchmarks (issues #3 and #4) in rounds, each
+# Runs the headline throughput benchmarks (docs/BENCHMARKS.md) in rounds, each
 # benchmark in its own process, and prints one markdown row per round with
 # the hypervisor's steal during each run (ticks of 10 ms, /proc/stat): on a
 # shared VM a run with more steal is slower, so rates are read with it.
