@@ -14,6 +14,8 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/email"
 )
 
 // goatMoveInput is what goat's `account migrate` is given.
@@ -21,9 +23,6 @@ type goatMoveInput struct {
 	NewHost, NewHandle, NewPassword, NewEmail, InviteCode string
 	// PLCToken is the code requestPlcOperationSignature mailed.
 	PLCToken string
-	// ImportRepo copies the repository (old sync.getRepo, new
-	// repo.importRepo). Without it the new repository stays empty.
-	ImportRepo bool
 }
 
 // goatMove makes the calls goat's `account migrate` makes, in its order
@@ -61,7 +60,7 @@ func goatMove(ctx context.Context, old *atclient.APIClient, in goatMoveInput) (*
 		return nil, fmt.Errorf("createSession: %w", err)
 	}
 	newClient.Auth = &atclient.PasswordAuth{Session: atclient.PasswordSessionData{AccountDID: did, AccessToken: sess.AccessJwt, RefreshToken: sess.RefreshJwt}}
-	if err := goatCopyData(ctx, old, newClient, did, in.ImportRepo); err != nil {
+	if err := goatCopyData(ctx, old, newClient, did); err != nil {
 		return nil, err
 	}
 	status, err := comatproto.ServerCheckAccountStatus(ctx, newClient)
@@ -80,17 +79,15 @@ func goatMove(ctx context.Context, old *atclient.APIClient, in goatMoveInput) (*
 	return status, nil
 }
 
-// goatCopyData is goat's data step: the repository (when importRepo),
-// the preferences, and the blobs in pages of 100.
-func goatCopyData(ctx context.Context, old, newClient *atclient.APIClient, did syntax.DID, importRepo bool) error {
-	if importRepo {
-		car, err := comatproto.SyncGetRepo(ctx, old, did.String(), "")
-		if err != nil {
-			return fmt.Errorf("getRepo: %w", err)
-		}
-		if err := comatproto.RepoImportRepo(ctx, newClient, bytes.NewReader(car)); err != nil {
-			return fmt.Errorf("importRepo: %w", err)
-		}
+// goatCopyData is goat's data step: the repository, the preferences, and
+// the blobs in pages of 100.
+func goatCopyData(ctx context.Context, old, newClient *atclient.APIClient, did syntax.DID) error {
+	car, err := comatproto.SyncGetRepo(ctx, old, did.String(), "")
+	if err != nil {
+		return fmt.Errorf("getRepo: %w", err)
+	}
+	if err := comatproto.RepoImportRepo(ctx, newClient, bytes.NewReader(car)); err != nil {
+		return fmt.Errorf("importRepo: %w", err)
 	}
 	prefs, err := agnostic.ActorGetPreferences(ctx, old)
 	if err != nil {
@@ -144,69 +141,111 @@ func goatMoveIdentity(ctx context.Context, old, newClient *atclient.APIClient, t
 	return nil
 }
 
-// TestGoatMoveThereAndBack moves an account from a to b and back to a
-// with goat's call sequence. The repository itself is not copied here
-// (ImportRepo false): the preferences, the identity and the account
-// states are. Setting ImportRepo, once importRepo exists, makes this the
-// full A→B→A move.
+// TestGoatMoveThereAndBack moves an account holding 300 records in four
+// collections, three blobs that records refer to and preferences from a
+// to b and back to a, with goat's calls in goat's order. After each move
+// (requireMoved): the DID document names the new server, its signing key
+// and its rotation key; the new repository verifies with indigo and holds
+// every record (same CIDs, same MST root), blob and preference of the
+// old, none missing; the old account is deactivated and still serves its
+// repository to its owner; the firehoses announce the move; and a write
+// on the new server makes a #commit that follows on the imported commit.
 func TestGoatMoveThereAndBack(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	p := newMigrationPair(t, envOptions{})
+	p := newMovePair(t)
 	u := p.a.createUser(t)
-	prefs := []any{
-		map[string]any{"$type": "app.bsky.actor.defs#adultContentPref", "enabled": true},
-		map[string]any{"$type": "app.bsky.actor.defs#personalDetailsPref", "birthDate": "1990-05-01T00:00:00.000Z"},
-	}
-	p.a.post(t, nsidPutPrefs, u.access, map[string]any{"preferences": prefs}).ok(t)
+	blobs := writeMoveAccount(t, p.a.accountEnv, u)
+	start := copyOf(t, p.a.accountEnv, u)
+	require.Equal(t, moveRecords, start.count)
+	require.Len(t, start.records, 4)
+	require.Equal(t, blobs, start.blobs)
+	require.Len(t, start.prefs, len(movePrefs)+1, "the preferences and the derived declaredAgePref")
 
-	oldClient, err := atclient.LoginWithPasswordHost(ctx, p.a.url, u.did.String(), u.pass, "", nil)
+	there := runMoveLeg(t, p, moveLeg{
+		from: p.a, to: p.b, old: u,
+		handle: "there" + itoa(int(userSeq.Add(1))) + ".test", password: "new server password",
+	})
+	require.Equal(t, start, there.before)
+	require.Equal(t, int64(moveRecords), there.status.IndexedRecords)
+
+	// And back: a's deactivated account is replaced by a new one, which
+	// gets what b holds now (the write made there as well).
+	back := runMoveLeg(t, p, moveLeg{
+		from: p.b, to: p.a, old: there.user,
+		handle: u.handle, password: "back home password",
+	})
+	require.Equal(t, int64(moveRecords+1), back.status.IndexedRecords)
+	require.Equal(t, start.blobs, back.before.blobs)
+	require.Equal(t, start.prefs, back.before.prefs)
+	p.a.get(t, "com.atproto.server.getSession", u.access, nil).fails(t, 400, "InvalidToken")
+}
+
+// moveLeg is one move of an account: from one server of a movePair to the
+// other.
+type moveLeg struct {
+	from, to *moveServer
+	// old is the account's session on from.
+	old *user
+	// handle and password are the account's on to.
+	handle, password string
+}
+
+// movedAccount is how a leg went.
+type movedAccount struct {
+	// user is the account's session on the new server.
+	user *user
+	// before is what the old server held before the move.
+	before *accountCopy
+	// status is the new server's checkAccountStatus before the identity
+	// moved.
+	status *comatproto.ServerCheckAccountStatus_Output
+}
+
+// runMoveLeg requests the PLC code on the old server and reads it as the
+// operator does (the servers hold their mail), runs goat's move, and
+// checks the result (requireMoved).
+func runMoveLeg(t *testing.T, p *movePair, leg moveLeg) *movedAccount {
+	t.Helper()
+	ctx := context.Background()
+	did := leg.old.did
+	before := copyOf(t, leg.from.accountEnv, leg.old)
+	old, err := atclient.LoginWithPasswordHost(ctx, leg.from.url, did.String(), leg.old.pass, "", nil)
 	require.NoError(t, err)
-	status, err := goatMove(ctx, oldClient, goatMoveInput{
-		NewHost: p.b.url, NewHandle: "there" + itoa(int(userSeq.Add(1))) + ".test", NewPassword: "new server password",
-		NewEmail: "there@example.com", PLCToken: p.a.plcToken(t, u.did),
+	require.NoError(t, comatproto.IdentityRequestPlcOperationSignature(ctx, old))
+	token := leg.from.mailedCode(t, did, email.PurposePLCOperation)
+
+	status, err := goatMove(ctx, old, goatMoveInput{
+		NewHost: leg.to.url, NewHandle: leg.handle, NewPassword: leg.password,
+		NewEmail: "moved-" + leg.handle + "@example.com", PLCToken: token,
 	})
 	require.NoError(t, err)
 	require.False(t, status.Activated)
-	require.False(t, status.ValidDid)
-	requireHostedOn(t, p, p.b, p.a, u.did)
+	require.False(t, status.ValidDid, "checked before the identity moved")
+	require.Equal(t, int64(moveBlobs), status.ExpectedBlobs)
+	require.Equal(t, int64(moveBlobs), status.ImportedBlobs)
+	require.Equal(t, int64(before.count), status.IndexedRecords)
+	require.NotEmpty(t, status.RepoCommit)
 
-	bClient, err := atclient.LoginWithPasswordHost(ctx, p.b.url, u.did.String(), "new server password", "", nil)
-	require.NoError(t, err)
-	got, err := agnostic.ActorGetPreferences(ctx, bClient)
-	require.NoError(t, err)
-	require.Len(t, got.Preferences, 3, "the two preferences and the derived declaredAgePref")
-
-	// And back: a's deactivated account is replaced by a new one.
-	_, err = goatMove(ctx, bClient, goatMoveInput{
-		NewHost: p.a.url, NewHandle: u.handle, NewPassword: "back home password",
-		NewEmail: "user-back@example.com", PLCToken: p.b.plcToken(t, u.did),
-	})
-	require.NoError(t, err)
-	requireHostedOn(t, p, p.a, p.b, u.did)
-	p.a.get(t, "com.atproto.server.getSession", u.access, nil).fails(t, 400, "InvalidToken")
-	back, err := atclient.LoginWithPasswordHost(ctx, p.a.url, u.handle, "back home password", "", nil)
-	require.NoError(t, err)
-	got, err = agnostic.ActorGetPreferences(ctx, back)
-	require.NoError(t, err)
-	require.Len(t, got.Preferences, 3)
+	res := leg.to.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": leg.handle, "password": leg.password}).ok(t)
+	moved := &movedAccount{before: before, status: status, user: &user{
+		did: did, handle: leg.handle, pass: leg.password, access: res.str(t, "accessJwt"), refresh: res.str(t, "refreshJwt"),
+	}}
+	requireMoved(t, p, leg, moved)
+	return moved
 }
 
-// requireHostedOn checks that did's DID document names on with its key,
-// that its account there is active and served, and that off's is
-// deactivated.
-func requireHostedOn(t *testing.T, p *migrationPair, on, off *accountEnv, did syntax.DID) {
+// mailedCode is the code of purpose last mailed to did, read as the
+// operator reads held mail: the admin method getPendingEmailTokens.
+func (e *accountEnv) mailedCode(t *testing.T, did syntax.DID, purpose email.Purpose) string {
 	t.Helper()
-	key, err := on.accounts.PublicKey(context.Background(), did)
-	require.NoError(t, err)
-	last := p.lastOp(t, did)
-	require.Equal(t, on.cfg.PublicURL(), last.Services["atproto_pds"].Endpoint)
-	require.Equal(t, key.DIDKey(), last.VerificationMethods["atproto"])
-	require.Equal(t, []string{on.accounts.RotationKey()}, last.RotationKeys)
-	q := url.Values{"did": {did.String()}}
-	st := on.get(t, "com.atproto.sync.getRepoStatus", "", q).ok(t).json(t)
-	require.Equal(t, true, st["active"])
-	st = off.get(t, "com.atproto.sync.getRepoStatus", "", q).ok(t).json(t)
-	require.Equal(t, false, st["active"])
-	require.Equal(t, "deactivated", st["status"])
+	res := e.adminGet(t, "getPendingEmailTokens", url.Values{"account": {did.String()}}).ok(t).json(t)
+	require.Equal(t, false, res["mailEnabled"])
+	code := ""
+	for _, tok := range res["tokens"].([]any) {
+		if m := tok.(map[string]any); m["purpose"] == string(purpose) {
+			code, _ = m["code"].(string)
+		}
+	}
+	require.NotEmpty(t, code, "no %s code held for %s", purpose, did)
+	return code
 }

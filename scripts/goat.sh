@@ -23,8 +23,30 @@
 # below) has no --plc-host: it resolves DIDs only at plc.directory, so those
 # four are skipped with it.
 #
+# Then the account moves to a second server, whose DIDs live in the first
+# one's development PLC (BULWARK_PLC_URL), with any goat (`account
+# migrate` resolves no DID: it talks to the logged-in server and to
+# --pds-host only):
+#
+#   goat account plc request-token            requestPlcOperationSignature (the mail is
+#                                             held; the code is read with `bulwark admin
+#                                             account tokens`, as an operator would)
+#   goat account migrate --pds-host ...       describeServer, getServiceAuth, createAccount,
+#                                             createSession, getRepo + importRepo,
+#                                             getPreferences + putPreferences, listBlobs +
+#                                             getBlob + uploadBlob, checkAccountStatus,
+#                                             getRecommendedDidCredentials, signPlcOperation,
+#                                             submitPlcOperation, activateAccount,
+#                                             deactivateAccount
+#   goat account login / status / missing-blobs, goat record create   on the new server
+#
+# and checks with curl that the DID document names the second server, the
+# old account is deactivated, and the records and the blob are served by
+# the new one.
+#
 # Usage: scripts/goat.sh   (GOAT=/path/to/goat to use another goat, e.g. a
-# current one; PDS_PORT to move the port; KEEP=1 to keep the work dir)
+# current one; PDS_PORT to move the ports (the second server listens on
+# PDS_PORT+1); KEEP=1 to keep the work dir)
 set -euo pipefail
 
 GOAT_VERSION=v0.0.0-20251003000214-3259b215110e
@@ -45,8 +67,10 @@ cleanup() {
 		wait "$pid" 2>/dev/null || true
 	done
 	if [ "$status" != 0 ]; then
-		echo "--- bulwark log (tail) ---" >&2
-		tail -n 40 "$work/serve.log" >&2 || true
+		for log in "$work"/serve*.log; do
+			echo "--- $(basename "$log") (tail) ---" >&2
+			tail -n 40 "$log" >&2 || true
+		done
 	fi
 	if [ -z "${KEEP:-}" ]; then
 		rm -rf "$work"
@@ -171,5 +195,49 @@ step "goat record delete"
 "$GOAT" record delete --collection app.bsky.feed.post --rkey goat1
 status=$(curl -s -o /dev/null -w '%{http_code}' "$pds/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.feed.post&rkey=goat1")
 [ "$status" = 400 ] || fail "deleted record still readable (HTTP $status)"
+
+step "start a second bulwark (its DIDs in the first one's development PLC)"
+pds2="http://localhost:$((PDS_PORT + 1))"
+mkdir -m 711 "$work/data2"
+BULWARK_DATA_DIR="$work/data2" \
+BULWARK_LISTEN="127.0.0.1:$((PDS_PORT + 1))" \
+BULWARK_PLC_URL="$pds" \
+	"$work/bulwark" serve >"$work/serve2.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 240); do
+	if curl -fsS "$pds2/xrpc/_health" >/dev/null 2>&1; then
+		break
+	fi
+	sleep 0.5
+done
+curl -fsS "$pds2/xrpc/_health" >/dev/null || fail "the second bulwark did not come up"
+
+step "goat account plc request-token (the code waits in the outbox: bulwark admin account tokens)"
+"$GOAT" account plc request-token
+code=$("$work/bulwark" admin --url "$pds" --data-dir "$work/data" account tokens "$did" | awk '$1 == "plc_operation" { code = $2 } END { print code }')
+[ -n "$code" ] || fail "no PLC operation code held for $did"
+
+step "goat account migrate --pds-host $pds2"
+new_handle="moved$$.test"
+new_password="goat-e2e-new-password"
+"$GOAT" account migrate --pds-host "$pds2" --new-handle "$new_handle" --new-password "$new_password" \
+	--new-email "$new_handle@example.com" --plc-token "$code"
+curl -fsS "$pds/$did" | grep "\"serviceEndpoint\":\"$pds2\"" >/dev/null || fail "the DID document does not name $pds2"
+curl -fsS "$pds2/xrpc/com.atproto.sync.getRepoStatus?did=$did" | grep '"active":true' >/dev/null || fail "not active on $pds2"
+curl -fsS "$pds/xrpc/com.atproto.sync.getRepoStatus?did=$did" | grep '"status":"deactivated"' >/dev/null || fail "not deactivated on $pds"
+curl -fsS "$pds2/xrpc/com.atproto.repo.getRecord?repo=$did&collection=app.bsky.actor.profile&rkey=self" | grep "$blob_cid" >/dev/null \
+	|| fail "the profile did not move"
+curl -fsS -o "$work/moved.png" "$pds2/xrpc/com.atproto.sync.getBlob?did=$did&cid=$blob_cid"
+cmp "$work/pixel.png" "$work/moved.png" || fail "the blob did not move"
+curl -fsS -o "$work/moved.car" "$pds2/xrpc/com.atproto.sync.getRepo?did=$did"
+"$GOAT" repo ls "$work/moved.car" | grep "app.bsky.actor.profile/self" >/dev/null || fail "repo ls misses the profile on $pds2"
+
+step "goat account login / status / missing-blobs, record create on $pds2"
+"$GOAT" account login -u "$did" -p "$new_password" --pds-host "$pds2"
+"$GOAT" account status | tr -d ' \n' | grep '"activated":true' >/dev/null || fail "account status on $pds2"
+missing=$("$GOAT" account missing-blobs)
+[ -z "$missing" ] || fail "missing blobs on $pds2: $missing"
+out=$("$GOAT" record create --rkey moved1 "$work/post.json")
+echo "$out" | grep "at://$did/app.bsky.feed.post/moved1" >/dev/null || fail "record create on $pds2"
 
 step "goat e2e passed"

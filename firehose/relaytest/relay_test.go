@@ -47,7 +47,8 @@ func TestRelayIngestsEveryCommit(t *testing.T) {
 	e := startRelayEnv(t, ctx)
 	defer e.wg.Wait()
 	defer cancel()
-	out := e.subscribeRelay(t, ctx)
+	out, release := e.subscribeRelay(t, ctx)
+	defer release()
 
 	const accounts, perAccount = 3, 10
 	dids := make([]syntax.DID, accounts)
@@ -188,14 +189,19 @@ func (o *relayedEvents) count() relayedCounts {
 }
 
 // subscribeRelay starts indigo's relay in strict mode, subscribed to the
-// firehose, and reads its output until ctx ends.
-func (e *relayEnv) subscribeRelay(t *testing.T, ctx context.Context) *relayedEvents {
+// firehose, and reads its output until ctx ends. release ends the relay's
+// subscription: call it before the firehose stops, else the relay redials
+// and, under -race, its cursor flusher reports indigo's own data race
+// (a redial replaces sub.scheduler unguarded, relay/slurper.go:468 vs
+// 102).
+func (e *relayEnv) subscribeRelay(t *testing.T, ctx context.Context) (out *relayedEvents, release func()) {
 	t.Helper()
 	relay := relaytesting.MustSimpleRelay(e.dir, t.TempDir(), false)
 	require.NoError(t, relay.Relay.SubscribeToHost(ctx, e.host, true, true))
+	release = func() { _ = relay.Relay.Slurper.KillUpstreamConnection(context.Background(), e.host, false) }
 	require.Eventually(t, func() bool { return e.hub.Live() == 1 }, 30*time.Second, 5*time.Millisecond)
 
-	out := &relayedEvents{}
+	out = &relayedEvents{}
 	cb := &stream.RepoStreamCallbacks{
 		RepoCommit: func(ev *comatproto.SyncSubscribeRepos_Commit) error {
 			return out.keep(&stream.XRPCStreamEvent{RepoCommit: ev})
@@ -215,7 +221,7 @@ func (e *relayEnv) subscribeRelay(t *testing.T, ctx context.Context) *relayedEve
 	e.wg.Go(func() {
 		_ = stream.HandleRepoStream(ctx, rconn, sequential.NewScheduler("relaytest", cb.EventHandler), quiet)
 	})
-	return out
+	return out, release
 }
 
 // createAccount creates account i as createAccount does (#identity,
