@@ -98,16 +98,15 @@ func (s *Server) handleSubscribeRepos(w http.ResponseWriter, r *http.Request) er
 }
 
 // refuseSubscription answers an upgrade admission refused. Refused
-// upgrades count against the client's global per-address limit (which
-// subscribeRepos is otherwise exempt from, since admission has its own
-// bucket): within it the refusal is noted in the summary log and in
-// consumer health, by address only; past it the client gets the global
-// limit's 429 and nothing is recorded, so that a flood of refusals costs a
-// fixed amount whatever it sends.
+// upgrades count against the client's subscribeRefused limit (per
+// address): within it the refusal is noted in the summary log and in
+// consumer health, by address only; past it the client gets that limit's
+// 429 and nothing is recorded, so that a flood of refusals costs a fixed
+// amount whatever it sends.
 func (s *Server) refuseSubscription(r *http.Request, client netip.Addr, retry time.Duration, err error, now time.Time) error {
-	if l := s.protect.limits.Get(ratelimit.PolicyGlobal); l != nil {
+	if l := s.protect.limits.Get(ratelimit.PolicySubscribeRefused); l != nil {
 		if d := l.AllowN(ratelimit.IPKey(client), 1); !d.Allowed {
-			return rateLimitError(ratelimit.PolicyGlobal, d, now)
+			return rateLimitError(ratelimit.PolicySubscribeRefused, d, now)
 		}
 	}
 	s.subscribeRefusals.note(s.logger, client, err, now)

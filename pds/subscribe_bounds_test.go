@@ -139,10 +139,33 @@ func TestRefusedSubscribeFloodBoundedMemory(t *testing.T) {
 	consumers := health.Consumers()
 	require.Len(t, consumers, 1, "refusals are counted per address")
 	require.Empty(t, consumers[0].UserAgent)
-	// Refusals within the global per-address limit (3000 per 5 minutes,
-	// refilling while the test runs) are counted; the rest cost nothing
-	// to record.
-	limit := int64(ratelimit.DefaultPolicies()[ratelimit.PolicyGlobal][0].Limit)
+	// Refusals within the per-address subscribeRefused limit (600 per 5
+	// minutes, refilling while the test runs) are counted; the rest cost
+	// nothing to record.
+	limit := int64(ratelimit.DefaultPolicies()[ratelimit.PolicySubscribeRefused][0].Limit)
 	require.GreaterOrEqual(t, consumers[0].Refused, limit)
 	require.Less(t, consumers[0].Refused, int64(requests/2))
+}
+
+// A flood of refused subscribeRepos upgrades from an address does not
+// lock that address out of the rest of the API: refusals have their own
+// per-address budget, not the global one.
+func TestSubscribeRefusalsSpareTheAPI(t *testing.T) {
+	t.Parallel()
+	url, _ := refusedFloodServer(t)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	get := func(nsid string) int {
+		resp, err := client.Get(url + "/xrpc/" + nsid)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// More refusals than the whole global budget.
+	global := ratelimit.DefaultPolicies()[ratelimit.PolicyGlobal][0].Limit
+	for range global + 100 {
+		get("com.atproto.sync.subscribeRepos")
+	}
+	require.Equal(t, http.StatusOK, get("com.atproto.server.describeServer"))
 }

@@ -38,6 +38,13 @@ const (
 	// PolicyAdminAuth counts failed admin authentications per address;
 	// past it even the right password is refused until the window allows.
 	PolicyAdminAuth = "adminAuth"
+	// PolicySubscribeRefused counts subscribeRepos upgrades refused by
+	// admission, keyed by IP: within it a refusal is recorded (consumer
+	// health, the summary log); past it the refusal is only answered, so
+	// a flood of refusals costs a fixed amount. It is apart from the
+	// global limit so that a flood on the firehose does not lock the same
+	// address out of the rest of the API.
+	PolicySubscribeRefused = "subscribeRefused"
 	// PolicyResolveHandle is keyed by IP: resolving a handle not hosted
 	// here makes the server do DNS and HTTPS requests.
 	PolicyResolveHandle = "resolveHandle"
@@ -73,7 +80,8 @@ const (
 
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
 // (bluesky-social/atproto) applies when its rate limiting is on, and
-// Bulwark's own: loginAddress, adminAuth, resolveHandle and consoleLogin.
+// Bulwark's own: loginAddress, adminAuth, resolveHandle, subscribeRefused
+// and consoleLogin.
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -83,19 +91,20 @@ func DefaultPolicies() map[string][]Rule {
 		return []Rule{{Name: "hour", Limit: 5, Window: time.Hour}, {Name: "day", Limit: 15, Window: Day}}
 	}
 	return map[string][]Rule{
-		PolicyGlobal:        {{Name: "5m", Limit: 3000, Window: fiveMin}},
-		PolicyGetRepo:       {{Name: "5m", Limit: 6000, Window: fiveMin}},
-		PolicyCreateSession: {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
-		PolicyLoginAddress:  {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
-		PolicyAdminAuth:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
-		PolicyResolveHandle: {{Name: "5m", Limit: 100, Window: fiveMin}},
-		PolicyCreateAccount: {{Name: "5m", Limit: 100, Window: fiveMin}},
-		PolicyUploadBlob:    {{Name: "day", Limit: 1000, Window: Day}},
-		PolicyUpdateHandle:  {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 50, Window: Day}},
-		PolicyDeleteAccount: {{Name: "5m", Limit: 50, Window: fiveMin}},
-		PolicyResetPassword: {{Name: "5m", Limit: 50, Window: fiveMin}},
-		PolicyRepoWrite:     {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
-		PolicyConsoleLogin:  {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+		PolicyGlobal:           {{Name: "5m", Limit: 3000, Window: fiveMin}},
+		PolicyGetRepo:          {{Name: "5m", Limit: 6000, Window: fiveMin}},
+		PolicyCreateSession:    {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
+		PolicyLoginAddress:     {{Name: "5m", Limit: 30, Window: fiveMin}, {Name: "day", Limit: 300, Window: Day}},
+		PolicyAdminAuth:        {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+		PolicyResolveHandle:    {{Name: "5m", Limit: 100, Window: fiveMin}},
+		PolicySubscribeRefused: {{Name: "5m", Limit: 600, Window: fiveMin}},
+		PolicyCreateAccount:    {{Name: "5m", Limit: 100, Window: fiveMin}},
+		PolicyUploadBlob:       {{Name: "day", Limit: 1000, Window: Day}},
+		PolicyUpdateHandle:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 50, Window: Day}},
+		PolicyDeleteAccount:    {{Name: "5m", Limit: 50, Window: fiveMin}},
+		PolicyResetPassword:    {{Name: "5m", Limit: 50, Window: fiveMin}},
+		PolicyRepoWrite:        {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
+		PolicyConsoleLogin:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
 
 		PolicyRequestPasswordReset:         {{Name: "hour", Limit: 15, Window: time.Hour}, {Name: "day", Limit: 50, Window: Day}},
 		PolicyRequestEmailConfirmation:     mailRequest(),
