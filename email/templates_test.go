@@ -53,6 +53,43 @@ func TestTemplateOverride(t *testing.T) {
 	require.Equal(t, "Confirm your email address on pds.test", other.Subject)
 }
 
+// An operator's layout.html draws every kind that calls it, each keeping
+// its content and, where it defines one, its signature; a KIND.html that
+// is a whole page of its own does without it.
+func TestTemplateLayoutOverride(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := startSMTP(t, emailtest.Options{})
+	cfg := e.config(t, plainURL(srv.Addr))
+	cfg.TemplateDir = writeFiles(t, map[string]string{
+		"layout.html":        `<div class="operator">{{template "content" .}}<footer>{{block "signature" .}}Team {{.Hostname}}{{end}}</footer></div>`,
+		"confirm_email.html": `<p>Whole page: {{.Token}}</p>`,
+	})
+	m := e.mailer(t, cfg)
+	ctx := context.Background()
+	e.sendToken(t, m, e.account(t), email.PurposeResetPassword)
+	e.sendToken(t, m, e.account(t), email.PurposeConfirmEmail)
+	require.NoError(t, m.SendAdmin(ctx, e.pool, e.account(t), "u@example.com", "", "Hello"))
+	n, err := m.Deliver(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	reset := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, reset.HTML, `<div class="operator">`)
+	require.Contains(t, reset.HTML, "reset the password")
+	require.Contains(t, reset.HTML, reset.Code(t))
+	require.Contains(t, reset.HTML, "<footer>Team pds.test</footer>")
+
+	confirm := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, confirm.HTML, "<p>Whole page: "+confirm.Code(t)+"</p>")
+	require.NotContains(t, confirm.HTML, "operator")
+
+	admin := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, admin.HTML, `<div class="operator">`)
+	require.Contains(t, admin.HTML, "Hello")
+	require.Contains(t, admin.HTML, "<footer>The administrator of pds.test</footer>")
+}
+
 // A broken override stops start-up, naming the file.
 func TestTemplateOverrideBroken(t *testing.T) {
 	t.Parallel()
@@ -61,6 +98,7 @@ func TestTemplateOverrideBroken(t *testing.T) {
 		"unknown field": {"plc_operation.txt": "{{.Password}}"},
 		"empty subject": {"admin_message.subject.txt": "{{if false}}x{{end}}"},
 		"html context":  {"delete_account.html": "<a href=\"{{.Token}}"},
+		"layout":        {"layout.html": "{{template \"content\" .}"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
