@@ -1,11 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -42,25 +38,7 @@ func TestServeSendsMail(t *testing.T) {
 		"--smtp-url", sink.URL(), "--email-from", "Bulwark <noreply@pds.test>"}
 	addr, done, logs := startServe(t, ctx, args)
 
-	post := func(nsid, token string, in any) map[string]any {
-		b, err := json.Marshal(in)
-		require.NoError(t, err)
-		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/xrpc/"+nsid, bytes.NewReader(b))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", nsid, body)
-		var out map[string]any
-		_ = json.Unmarshal(body, &out)
-		return out
-	}
+	post := func(nsid, token string, in any) map[string]any { return postOK(t, "http://"+addr, nsid, token, in) }
 	acct := post("com.atproto.server.createAccount", "", map[string]any{"handle": "alice.test", "email": "alice@example.com", "password": "alice password"})
 	post("com.atproto.server.requestEmailConfirmation", acct["accessJwt"].(string), nil)
 	var mail emailtest.Received
