@@ -1,12 +1,10 @@
 package email_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +17,8 @@ import (
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/email/emailtest"
+	"github.com/bulwark-pds/bulwark/internal/syncbuf"
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -30,46 +30,6 @@ const (
 	smtpPass = "s3cret-Pa55word-never-logged"
 )
 
-// clock is a settable time source.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock {
-	return &clock{t: time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// logBuffer collects a logger's output for inspection.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startSMTP starts a test SMTP server that wants the tests' login.
 func startSMTP(t testing.TB, o emailtest.Options) *emailtest.Server {
 	t.Helper()
@@ -80,14 +40,14 @@ func startSMTP(t testing.TB, o emailtest.Options) *emailtest.Server {
 // env is one test's database, clock, logs and metrics.
 type env struct {
 	pool  *pgxpool.Pool
-	clock *clock
-	logs  *logBuffer
+	clock *testclock.Clock
+	logs  *syncbuf.Buffer
 	reg   *prometheus.Registry
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	return &env{pool: dbtest.New(t), clock: newClock(), logs: &logBuffer{}, reg: prometheus.NewRegistry()}
+	return &env{pool: dbtest.New(t), clock: testclock.New(time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)), logs: &syncbuf.Buffer{}, reg: prometheus.NewRegistry()}
 }
 
 // config is a Config for this env; smtpURL "" means no SMTP.

@@ -2,7 +2,6 @@ package pds
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,38 +9,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 )
 
-// Fixtures of the mail tests: a clock the Mailer reads, and a helper that
-// takes a code out of the held outbox. The SMTP server they send to is
+// Fixtures of the mail tests: a Mailer on a hand-moved clock, and a helper
+// that takes a code out of the held outbox. The SMTP server they send to is
 // email/emailtest's.
-
-// mailClock is a settable time source for a Mailer (code lifetimes, retry
-// schedules).
-type mailClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMailClock() *mailClock { return &mailClock{t: time.Now()} }
-
-func (c *mailClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *mailClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // mailEnv is an accountEnv whose Mailer sends to sink (nil: no SMTP, mail
 // is held) on clock.
 type mailEnv struct {
 	*accountEnv
-	clock *mailClock
+	clock *testclock.Clock
 	logs  *lockedBuffer
 }
 
@@ -49,7 +28,7 @@ type mailEnv struct {
 // without it the test calls Deliver itself. opts adjusts the rest.
 func newMailEnv(t testing.TB, smtpURL string, worker bool, opts envOptions) *mailEnv {
 	t.Helper()
-	clock := newMailClock()
+	clock := testclock.New(time.Now())
 	logs := &lockedBuffer{}
 	cfg := &email.Config{From: "Bulwark <noreply@pds.test>", Now: clock.Now, SendTimeout: 10 * time.Second}
 	if smtpURL != "" {
