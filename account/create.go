@@ -70,14 +70,8 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 	if in.DID != "" {
 		return s.createImported(ctx, in)
 	}
-	na, err := s.checkNew(ctx, in)
+	na, err := s.prepareNew(ctx, in)
 	if err != nil {
-		return nil, nil, err
-	}
-	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
-		return nil, nil, err
-	}
-	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
 		return nil, nil, err
 	}
 	pub, err := na.key.PublicKey()
@@ -123,6 +117,23 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 	s.wake()
 	log.Info("account created")
 	return &Account{DID: did, Handle: na.handle, Email: na.email, Status: StatusActive, CreatedAt: time.Now()}, sess, nil
+}
+
+// prepareNew checks in (checkNew), hashes its password and makes the
+// account's signing key: everything a new account needs before its
+// transaction.
+func (s *Service) prepareNew(ctx context.Context, in CreateInput) (*newAccount, error) {
+	na, err := s.checkNew(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
+		return nil, err
+	}
+	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
+		return nil, err
+	}
+	return na, nil
 }
 
 // checkNew checks everything about in that can be checked before the

@@ -63,14 +63,8 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 		return nil, nil, ruleErr(ErrUnsupportedDID, "only an existing did:plc can be brought here, not %.100q", in.DID)
 	}
 	in.DID = did.String()
-	na, err := s.checkNew(ctx, in)
+	na, err := s.prepareNew(ctx, in)
 	if err != nil {
-		return nil, nil, err
-	}
-	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
-		return nil, nil, err
-	}
-	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
 		return nil, nil, err
 	}
 	if na.sealed, err = s.keys.seal(did, na.key); err != nil {

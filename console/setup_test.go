@@ -1,9 +1,7 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,10 +17,8 @@ import (
 	"sync"
 	"testing"
 
-	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/bluesky-social/indigo/events"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -31,6 +27,7 @@ import (
 	"github.com/bulwark-pds/bulwark/console"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/eventlog/eventlogtest"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/pds"
@@ -236,9 +233,7 @@ func (e *env) lastSeq(t *testing.T) int64 {
 
 // inflate rewrites the stored #commit at seq so that its blocks carry a
 // filler block of n bytes after the real ones: a frame over what relays
-// read, as a bug or an import could store. The signed commit stays the
-// first root, so a #sync made from it is genuine. cbor-gen will not encode
-// byte strings over 2 MiB, so the blocks are spliced into the body.
+// read, as a bug or an import could store.
 func (e *env) inflate(t *testing.T, seq int64, n int) {
 	t.Helper()
 	ctx := context.Background()
@@ -246,27 +241,8 @@ func (e *env) inflate(t *testing.T, seq int64, n int) {
 	require.NoError(t, err)
 	require.Equal(t, seq, evs[0].Seq)
 	ev := evs[0]
-	r := bytes.NewReader(eventlog.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, 0))
-	var hdr events.EventHeader
-	require.NoError(t, hdr.UnmarshalCBOR(r))
-	var c comatproto.SyncSubscribeRepos_Commit
-	require.NoError(t, c.UnmarshalCBOR(r))
-	filler := bytes.Repeat([]byte{0xa0}, n)
-	fillerCID := append([]byte{0x01, 0x55, 0x12, 0x20}, make([]byte, 32)...)
-	blocks := append([]byte{}, c.Blocks...)
-	blocks = binary.AppendUvarint(blocks, uint64(len(fillerCID)+len(filler)))
-	blocks = append(append(blocks, fillerCID...), filler...)
-	marker := []byte("BLOCKS-PLACEHOLDER:") // under 24 bytes: a one-byte head
-	c.Blocks = marker
-	enc, err := eventlog.EncodeCommit(&c)
-	require.NoError(t, err)
-	at := bytes.Index(enc.Body, marker) - 1
-	body := append([]byte{}, enc.Body[:at]...)
-	body = append(body, 0x5a)
-	body = binary.BigEndian.AppendUint32(body, uint32(len(blocks)))
-	body = append(body, blocks...)
-	body = append(body, enc.Body[at+1+len(marker):]...)
-	_, err = e.pool.Exec(ctx, "UPDATE events SET body = $2, seq_offset = $3, blocks_len = $4 WHERE seq = $1", seq, body, enc.SeqOffset, len(blocks))
+	body, seqOffset, blocksLen := eventlogtest.InflateCommit(t, ev.Body, n)
+	_, err = e.pool.Exec(ctx, "UPDATE events SET body = $2, seq_offset = $3, blocks_len = $4 WHERE seq = $1", seq, body, seqOffset, blocksLen)
 	require.NoError(t, err)
 }
 

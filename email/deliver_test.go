@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // row is the delivery state of one outbox row.
@@ -68,7 +69,7 @@ func counter(t testing.TB, e *env, name, kind string) float64 {
 func TestServerDownThenBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	addr := freeAddr(t)
+	addr := emailtest.FreeAddr(t)
 	cfg := e.config(t, plainURL(addr))
 	cfg.RetryBase = time.Minute
 	m := e.mailer(t, cfg)
@@ -91,17 +92,17 @@ func TestServerDownThenBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, pending, 1)
 
-	srv := startSMTP(t, addr, plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{Addr: addr})
 	n, err = m.Deliver(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "not due before its backoff")
-	srv.none(t)
+	srv.None(t)
 
 	e.clock.Advance(time.Minute)
 	n, err = m.Deliver(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	code := parse(t, srv.next(t)).Code(t)
+	code := emailtest.Parse(t, srv.Next(t)).Code(t)
 	require.Equal(t, pending[0].Code, code)
 	r = e.row(t, 1)
 	require.Equal(t, email.StateSent, r.State)
@@ -125,7 +126,7 @@ func TestServerDownThenBack(t *testing.T) {
 func TestBackoffAndGiveUp(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	cfg := e.config(t, plainURL(freeAddr(t)))
+	cfg := e.config(t, plainURL(emailtest.FreeAddr(t)))
 	cfg.RetryBase, cfg.RetryMax, cfg.MaxAttempts = time.Minute, 3*time.Minute, 4
 	m := e.mailer(t, cfg)
 	ctx := context.Background()
@@ -171,7 +172,7 @@ func TestBackoffAndGiveUp(t *testing.T) {
 func TestPermanentRefusal(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil, func(s *smtpServer) { s.rejectRcpt = "gone@example.com" })
+	srv := startSMTP(t, emailtest.Options{RejectRcpt: "gone@example.com"})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	bad := e.enqueueAdmin(t, m, "gone@example.com", "one")
 	good := e.enqueueAdmin(t, m, "here@example.com", "two")
@@ -179,7 +180,7 @@ func TestPermanentRefusal(t *testing.T) {
 	n, err := m.Deliver(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, []string{"here@example.com"}, srv.next(t).To)
+	require.Equal(t, []string{"here@example.com"}, srv.Next(t).To)
 	r := e.row(t, bad)
 	require.Equal(t, email.StateFailed, r.State)
 	require.Equal(t, 1, r.Attempts)
@@ -191,7 +192,7 @@ func TestPermanentRefusal(t *testing.T) {
 func TestPrune(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	ctx := context.Background()
 	did := e.account(t)
@@ -199,7 +200,7 @@ func TestPrune(t *testing.T) {
 	e.sendToken(t, m, did, email.PurposeConfirmEmail)
 	_, err := m.Deliver(ctx)
 	require.NoError(t, err)
-	srv.next(t)
+	srv.Next(t)
 	require.Equal(t, []string{email.StateCancelled, email.StateSent}, e.states(t))
 
 	tokens := func() int {
@@ -235,7 +236,7 @@ func TestPrune(t *testing.T) {
 func TestTwoNodesSendEachOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	cfg := e.config(t, plainURL(srv.Addr))
 	cfg.BatchSize = 3
 	a := e.mailer(t, cfg)
@@ -259,18 +260,18 @@ func TestTwoNodesSendEachOnce(t *testing.T) {
 	require.Equal(t, total, counts[0]+counts[1])
 	seen := map[string]bool{}
 	for range total {
-		to := srv.next(t).To[0]
+		to := srv.Next(t).To[0]
 		require.False(t, seen[to], "%s twice", to)
 		seen[to] = true
 	}
-	srv.none(t)
+	srv.None(t)
 }
 
 // The worker wakes on the commit's NOTIFY, not on its (hourly) poll.
 func TestWorkerWakesOnNotify(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	cfg := e.config(t, plainURL(srv.Addr))
 	cfg.PollInterval = time.Hour
 	worker := e.mailer(t, cfg)
@@ -292,7 +293,7 @@ func TestWorkerWakesOnNotify(t *testing.T) {
 	// wake-up that follows its LISTEN; the second only by a NOTIFY.
 	for range 2 {
 		e.sendToken(t, other, did, email.PurposePLCOperation)
-		p := parse(t, srv.next(t))
+		p := emailtest.Parse(t, srv.Next(t))
 		require.Equal(t, "Confirm a change to your identity on pds.test", p.Subject)
 	}
 	// Stop waits for the worker to record what it sent.
@@ -324,7 +325,8 @@ func counterSum(t testing.TB, e *env, name string) float64 {
 func TestStopMidBatch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil, func(s *smtpServer) { s.inData = make(chan chan struct{}) })
+	inData := make(chan chan struct{})
+	srv := startSMTP(t, emailtest.Options{InData: inData})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	first := e.enqueueAdmin(t, m, "a@example.com", "one")
 	second := e.enqueueAdmin(t, m, "b@example.com", "two")
@@ -339,13 +341,13 @@ func TestStopMidBatch(t *testing.T) {
 		n, err := m.Deliver(ctx)
 		done <- result{n, err}
 	}()
-	proceed := <-srv.inData // the first mail is being sent
+	proceed := <-inData // the first mail is being sent
 	cancel()
 	close(proceed)
 	res := <-done
 	require.NoError(t, res.err)
 	require.Equal(t, 1, res.n)
-	require.Equal(t, []string{"a@example.com"}, srv.next(t).To)
+	require.Equal(t, []string{"a@example.com"}, srv.Next(t).To)
 
 	require.Equal(t, email.StateSent, e.row(t, first).State)
 	r := e.row(t, second)

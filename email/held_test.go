@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // Without SMTP the server still works: mail is held, an operator reads the
@@ -51,17 +52,17 @@ func TestHeldThenSent(t *testing.T) {
 	require.Nil(t, stored)
 
 	// SMTP is configured later: the held confirmation goes out.
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	cfg := e.config(t, plainURL(srv.Addr))
 	sender, err := email.New(e.pool, cfg)
 	require.NoError(t, err)
 	n, err = sender.Deliver(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	p := parse(t, srv.next(t))
+	p := emailtest.Parse(t, srv.Next(t))
 	require.Equal(t, pending[0].Code, p.Code(t))
 	require.Contains(t, p.Text, "14 minutes", "the lifetime left when it is sent")
-	srv.none(t)
+	srv.None(t)
 	require.Equal(t, []string{email.StateSent, email.StateCancelled}, e.states(t))
 	left, err = held.PendingTokens(ctx, e.pool, did)
 	require.NoError(t, err)

@@ -45,8 +45,9 @@ type Config struct {
 	// "localhost").
 	Hostname string
 	// TemplateDir holds an operator's templates (KIND.subject.txt,
-	// KIND.txt, KIND.html); a file missing there falls back to the
-	// embedded default. Empty = defaults only.
+	// KIND.txt, KIND.html, and layout.html, the page the HTML templates
+	// are drawn in); a file missing there falls back to the embedded
+	// default. Empty = defaults only.
 	TemplateDir string
 	// TLSConfig is the base TLS configuration for the SMTP connection
 	// (RootCAs for a private CA); nil = system roots. ServerName defaults

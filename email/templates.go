@@ -53,11 +53,13 @@ func (k Kind) Purpose() Purpose {
 	return ""
 }
 
-// Template file names: KIND.subject.txt, KIND.txt and KIND.html.
+// Template file names: KIND.subject.txt, KIND.txt and KIND.html, and the
+// page the HTML templates are drawn in, layout.html.
 const (
 	subjectSuffix = ".subject.txt"
 	textSuffix    = ".txt"
 	htmlSuffix    = ".html"
+	layoutFile    = "layout.html"
 	// maxTemplateFile bounds an operator's template file.
 	maxTemplateFile = 256 << 10
 	// maxSubject bounds a rendered subject (RFC 5322 allows 998 bytes per
@@ -178,14 +180,27 @@ func parseText(dir, name string) (*texttemplate.Template, error) {
 	return t, nil
 }
 
+// parseHTML parses a kind's HTML template with the layout beside it. The
+// built-in layout comes first, then the operator's layout.html over it,
+// then the kind's file: an operator's layout replaces the page but keeps
+// the parts it does not redefine ("greeting", "code"), and what the kind's
+// file defines ("content", "signature") wins over the layout's blocks. A
+// kind's file that is a whole page of its own simply does not call the
+// layout.
 func parseHTML(dir, name string) (*htmltemplate.Template, error) {
-	src, where, err := source(dir, name)
-	if err != nil {
-		return nil, err
-	}
-	t, err := htmltemplate.New(name).Option("missingkey=error").Parse(src)
-	if err != nil {
-		return nil, fmt.Errorf("%w %s: %w", ErrTemplate, where, err)
+	t := htmltemplate.New(name).Option("missingkey=error")
+	for _, f := range []struct{ dir, file string }{{"", layoutFile}, {dir, layoutFile}, {dir, name}} {
+		src, where, err := source(f.dir, f.file)
+		if err != nil {
+			return nil, err
+		}
+		into := t
+		if f.file != name {
+			into = t.New(f.file)
+		}
+		if _, err := into.Parse(src); err != nil {
+			return nil, fmt.Errorf("%w %s: %w", ErrTemplate, where, err)
+		}
 	}
 	return t, nil
 }

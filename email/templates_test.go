@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 func writeFiles(t *testing.T, files map[string]string) string {
@@ -26,7 +27,7 @@ func writeFiles(t *testing.T, files map[string]string) string {
 func TestTemplateOverride(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	cfg := e.config(t, plainURL(srv.Addr))
 	cfg.TemplateDir = writeFiles(t, map[string]string{
 		"reset_password.subject.txt": "{{.Hostname}}: password code for {{.Handle}}",
@@ -39,7 +40,7 @@ func TestTemplateOverride(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 
-	p := parse(t, srv.next(t))
+	p := emailtest.Parse(t, srv.Next(t))
 	require.Equal(t, "pds.test: password code for alice.pds.test", p.Subject)
 	code := p.Code(t)
 	require.Equal(t, "Your code: "+code+" (until 12:15 UTC)\n", p.Text)
@@ -48,8 +49,45 @@ func TestTemplateOverride(t *testing.T) {
 	require.Contains(t, p.HTML, "reset the password")
 	require.Contains(t, p.HTML, code)
 
-	other := parse(t, srv.next(t))
+	other := emailtest.Parse(t, srv.Next(t))
 	require.Equal(t, "Confirm your email address on pds.test", other.Subject)
+}
+
+// An operator's layout.html draws every kind that calls it, each keeping
+// its content and, where it defines one, its signature; a KIND.html that
+// is a whole page of its own does without it.
+func TestTemplateLayoutOverride(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := startSMTP(t, emailtest.Options{})
+	cfg := e.config(t, plainURL(srv.Addr))
+	cfg.TemplateDir = writeFiles(t, map[string]string{
+		"layout.html":        `<div class="operator">{{template "content" .}}<footer>{{block "signature" .}}Team {{.Hostname}}{{end}}</footer></div>`,
+		"confirm_email.html": `<p>Whole page: {{.Token}}</p>`,
+	})
+	m := e.mailer(t, cfg)
+	ctx := context.Background()
+	e.sendToken(t, m, e.account(t), email.PurposeResetPassword)
+	e.sendToken(t, m, e.account(t), email.PurposeConfirmEmail)
+	require.NoError(t, m.SendAdmin(ctx, e.pool, e.account(t), "u@example.com", "", "Hello"))
+	n, err := m.Deliver(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	reset := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, reset.HTML, `<div class="operator">`)
+	require.Contains(t, reset.HTML, "reset the password")
+	require.Contains(t, reset.HTML, reset.Code(t))
+	require.Contains(t, reset.HTML, "<footer>Team pds.test</footer>")
+
+	confirm := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, confirm.HTML, "<p>Whole page: "+confirm.Code(t)+"</p>")
+	require.NotContains(t, confirm.HTML, "operator")
+
+	admin := emailtest.Parse(t, srv.Next(t))
+	require.Contains(t, admin.HTML, `<div class="operator">`)
+	require.Contains(t, admin.HTML, "Hello")
+	require.Contains(t, admin.HTML, "<footer>The administrator of pds.test</footer>")
 }
 
 // A broken override stops start-up, naming the file.
@@ -60,6 +98,7 @@ func TestTemplateOverrideBroken(t *testing.T) {
 		"unknown field": {"plc_operation.txt": "{{.Password}}"},
 		"empty subject": {"admin_message.subject.txt": "{{if false}}x{{end}}"},
 		"html context":  {"delete_account.html": "<a href=\"{{.Token}}"},
+		"layout":        {"layout.html": "{{template \"content\" .}"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -79,7 +118,7 @@ func TestTemplateOverrideBroken(t *testing.T) {
 func TestAdminMessage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	ctx := context.Background()
 	did := e.account(t)
@@ -88,15 +127,15 @@ func TestAdminMessage(t *testing.T) {
 	_, err := m.Deliver(ctx)
 	require.NoError(t, err)
 
-	r := srv.next(t)
+	r := srv.Next(t)
 	require.Equal(t, []string{"u@example.com"}, r.To)
-	p := parse(t, r)
+	p := emailtest.Parse(t, r)
 	require.Equal(t, "About Bcc: x@evil.test", p.Subject)
 	require.Empty(t, p.Header.Get("Bcc"))
 	require.Contains(t, p.Text, "Line one\n<script>alert(1)</script>")
 	require.Contains(t, p.HTML, "&lt;script&gt;alert(1)&lt;/script&gt;")
 	require.NotContains(t, p.HTML, "<script>")
-	require.Equal(t, "Message from the administrator of pds.test", parse(t, srv.next(t)).Subject)
+	require.Equal(t, "Message from the administrator of pds.test", emailtest.Parse(t, srv.Next(t)).Subject)
 
 	for _, bad := range []email.Message{
 		{Kind: email.KindAdminMessage, To: "not an address", Content: "x"},
@@ -123,7 +162,7 @@ func TestAdminMessage(t *testing.T) {
 func TestEnqueueRollback(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	ctx := context.Background()
 	did := e.account(t)
@@ -134,6 +173,6 @@ func TestEnqueueRollback(t *testing.T) {
 	n, err := m.Deliver(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	srv.none(t)
+	srv.None(t)
 	require.Empty(t, e.states(t))
 }

@@ -10,25 +10,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // Mail goes out over TLS, implicit (smtps://) or upgraded with STARTTLS
 // (smtp://), to a server whose certificate the TLSConfig trusts.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	cert, roots := selfSigned(t)
+	cert, roots := emailtest.SelfSigned(t)
 	for _, tc := range []struct {
 		name   string
-		mode   serverTLS
+		mode   emailtest.TLSMode
 		scheme string
 	}{
-		{"implicit", implicitServer, "smtps"},
-		{"starttls", startTLSServer, "smtp"},
+		{"implicit", emailtest.Implicit, "smtps"},
+		{"starttls", emailtest.StartTLS, "smtp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			srv := startSMTP(t, "", tc.mode, cert)
+			srv := startSMTP(t, emailtest.Options{TLS: tc.mode, Cert: cert})
 			cfg := e.config(t, fmt.Sprintf("%s://%s:%s@%s", tc.scheme, smtpUser, smtpPass, srv.Addr))
 			cfg.TLSConfig = &tls.Config{RootCAs: roots}
 			m := e.mailer(t, cfg)
@@ -36,10 +37,10 @@ func TestTLS(t *testing.T) {
 			n, err := m.Deliver(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, 1, n)
-			r := srv.next(t)
+			r := srv.Next(t)
 			require.True(t, r.TLS)
 			require.Equal(t, smtpUser, r.User)
-			parse(t, r).Code(t)
+			emailtest.Parse(t, r).Code(t)
 		})
 	}
 }
@@ -47,9 +48,9 @@ func TestTLS(t *testing.T) {
 // An untrusted certificate is not accepted: the mail waits.
 func TestTLSUntrusted(t *testing.T) {
 	t.Parallel()
-	cert, _ := selfSigned(t)
+	cert, _ := emailtest.SelfSigned(t)
 	e := newEnv(t)
-	srv := startSMTP(t, "", implicitServer, cert)
+	srv := startSMTP(t, emailtest.Options{TLS: emailtest.Implicit, Cert: cert})
 	m := e.mailer(t, e.config(t, fmt.Sprintf("smtps://%s:%s@%s", smtpUser, smtpPass, srv.Addr)))
 	id := e.enqueueAdmin(t, m, "x@example.com", "hi")
 	n, err := m.Deliver(context.Background())
@@ -58,7 +59,7 @@ func TestTLSUntrusted(t *testing.T) {
 	r := e.row(t, id)
 	require.Equal(t, email.StatePending, r.State)
 	require.Contains(t, r.Note, "certificate")
-	srv.none(t)
+	srv.None(t)
 }
 
 // smtp:// requires STARTTLS: against a server that does not offer it
@@ -67,7 +68,7 @@ func TestTLSUntrusted(t *testing.T) {
 func TestStartTLSRequired(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, fmt.Sprintf("smtp://%s:%s@%s", smtpUser, smtpPass, srv.Addr)))
 	id := e.enqueueAdmin(t, m, "x@example.com", "hi")
 	n, err := m.Deliver(context.Background())
@@ -76,8 +77,8 @@ func TestStartTLSRequired(t *testing.T) {
 	r := e.row(t, id)
 	require.Equal(t, email.StatePending, r.State)
 	require.Contains(t, r.Note, "STARTTLS")
-	require.Zero(t, srv.auths.Load(), "no AUTH without TLS")
-	srv.none(t)
+	require.Zero(t, srv.Auths(), "no AUTH without TLS")
+	srv.None(t)
 }
 
 // The password appears in no log line and no outbox row, whether the
@@ -85,12 +86,12 @@ func TestStartTLSRequired(t *testing.T) {
 func TestNoPasswordInLogs(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	e.sendToken(t, m, e.account(t), email.PurposeConfirmEmail)
 	_, err := m.Deliver(context.Background())
 	require.NoError(t, err)
-	code := parse(t, srv.next(t)).Code(t)
+	code := emailtest.Parse(t, srv.Next(t)).Code(t)
 
 	// A wrong password: the server's refusal is logged and stored.
 	wrong := strings.Replace(plainURL(srv.Addr), smtpPass, "wrong-"+smtpPass, 1)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // A code arrives by mail in both a text and an HTML part, works once, and
@@ -16,7 +17,7 @@ import (
 func TestTokenByMailWorksOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	did := e.account(t)
 
@@ -25,11 +26,11 @@ func TestTokenByMailWorksOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
-	r := srv.next(t)
+	r := srv.Next(t)
 	require.Equal(t, []string{"owner@example.com"}, r.To)
 	require.Equal(t, "noreply@pds.test", r.From)
 	require.Equal(t, smtpUser, r.User)
-	p := parse(t, r)
+	p := emailtest.Parse(t, r)
 	require.Equal(t, "Confirm your email address on pds.test", p.Subject)
 	code := p.Code(t)
 	require.Contains(t, p.Text, "@alice.pds.test")
@@ -80,7 +81,7 @@ func TestConsumeRolledBackKeepsCode(t *testing.T) {
 func TestTokenExpires(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	did := e.account(t)
 	ctx := context.Background()
@@ -88,7 +89,7 @@ func TestTokenExpires(t *testing.T) {
 	e.sendToken(t, m, did, email.PurposeDeleteAccount)
 	_, err := m.Deliver(ctx)
 	require.NoError(t, err)
-	code := parse(t, srv.next(t)).Code(t)
+	code := emailtest.Parse(t, srv.Next(t)).Code(t)
 
 	e.clock.Advance(email.DefaultTokenTTL - time.Second)
 	tx, err := e.pool.Begin(ctx)
@@ -107,7 +108,7 @@ func TestTokenExpires(t *testing.T) {
 	n, err := m.Deliver(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	srv.none(t)
+	srv.None(t)
 	require.Equal(t, []string{email.StateSent, email.StateCancelled}, e.states(t))
 	pending, err := m.PendingTokens(ctx, e.pool, did)
 	require.NoError(t, err)
@@ -119,7 +120,7 @@ func TestTokenExpires(t *testing.T) {
 func TestNewRequestReplacesOld(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	srv := startSMTP(t, "", plainServer, nil)
+	srv := startSMTP(t, emailtest.Options{})
 	m := e.mailer(t, e.config(t, plainURL(srv.Addr)))
 	did := e.account(t)
 	ctx := context.Background()
@@ -127,15 +128,15 @@ func TestNewRequestReplacesOld(t *testing.T) {
 	e.sendToken(t, m, did, email.PurposeUpdateEmail)
 	_, err := m.Deliver(ctx)
 	require.NoError(t, err)
-	first := parse(t, srv.next(t)).Code(t)
+	first := emailtest.Parse(t, srv.Next(t)).Code(t)
 
 	e.sendToken(t, m, did, email.PurposeUpdateEmail)
 	e.sendToken(t, m, did, email.PurposeUpdateEmail) // before the second went out
 	n, err := m.Deliver(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	third := parse(t, srv.next(t)).Code(t)
-	srv.none(t)
+	third := emailtest.Parse(t, srv.Next(t)).Code(t)
+	srv.None(t)
 	require.Equal(t, []string{email.StateSent, email.StateCancelled, email.StateSent}, e.states(t))
 
 	require.ErrorIs(t, e.consume(t, m, did, email.PurposeUpdateEmail, first), email.ErrTokenInvalid)

@@ -10,6 +10,9 @@ import (
 
 const accountTitle = "Connected apps"
 
+var errAccountFormExpired = &pageError{status: http.StatusForbidden, title: "This form has expired",
+	message: "For your safety the form could not be accepted. Open the connected apps page again."}
+
 // handleAccountGet shows the apps that can use a signed-in account, with a
 // button to take each one's access back.
 func (s *Server) handleAccountGet(w http.ResponseWriter, r *http.Request) {
@@ -53,19 +56,8 @@ func (s *Server) handleAccountGet(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleAccountPost(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
-		return
-	}
-	d, ok, err := s.checkCSRF(ctx, r)
-	if err != nil {
-		s.showPageError(w, internalPageError(err))
-		return
-	}
+	d, ok := s.readPagePost(w, r, errAccountFormExpired)
 	if !ok {
-		s.showPageError(w, &pageError{status: http.StatusForbidden, title: "This form has expired",
-			message: "For your safety the form could not be accepted. Open the connected apps page again."})
 		return
 	}
 	if r.PostFormValue("action") == "signin" {

@@ -37,6 +37,27 @@ func internalPageError(err error) *pageError {
 		message: "The server could not finish this step. Try again in a moment.", cause: err}
 }
 
+// readPagePost reads a form posted from one of our pages and checks its
+// CSRF token. When either fails it shows the error page (expired for a
+// missing or forged token) and ok is false.
+func (s *Server) readPagePost(w http.ResponseWriter, r *http.Request, expired *pageError) (d *device, ok bool) {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
+		return nil, false
+	}
+	d, ok, err := s.checkCSRF(r.Context(), r)
+	if err != nil {
+		s.showPageError(w, internalPageError(err))
+		return nil, false
+	}
+	if !ok {
+		s.showPageError(w, expired)
+		return nil, false
+	}
+	return d, true
+}
+
 var errRequestGone = &pageError{status: http.StatusBadRequest, title: "This sign-in link can't be used",
 	message: "It has expired, was already used, or was opened in another browser. Go back to the app and start signing in again."}
 
@@ -166,18 +187,8 @@ var errFormExpired = &pageError{status: http.StatusForbidden, title: "This form 
 
 func (s *Server) handleAuthorizePost(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
-	if err := r.ParseForm(); err != nil {
-		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
-		return
-	}
-	d, ok, err := s.checkCSRF(ctx, r)
-	if err != nil {
-		s.showPageError(w, internalPageError(err))
-		return
-	}
+	d, ok := s.readPagePost(w, r, errFormExpired)
 	if !ok {
-		s.showPageError(w, errFormExpired)
 		return
 	}
 	req, c, perr := s.openRequest(ctx, r.PostFormValue("request_uri"), r.PostFormValue("client_id"))
@@ -255,24 +266,25 @@ func (s *Server) postSignIn(f *flow) {
 }
 
 // chosenAccount is the signed-in account the form names, if it may be
-// used for this request.
-func (s *Server) chosenAccount(f *flow) (Account, bool, error) {
+// used for this request; otherwise it shows the page that says why, and ok
+// is false.
+func (s *Server) chosenAccount(f *flow) (a Account, ok bool) {
 	accounts, err := s.signedIn(f.r.Context(), f.d)
 	if err != nil {
-		return Account{}, false, err
+		s.showPageError(f.w, internalPageError(err))
+		return Account{}, false
 	}
-	a, ok := findAccount(accounts, f.r.PostFormValue("did"))
-	return a, ok && matchesHint(a, f.req.Params.LoginHint), nil
+	a, ok = findAccount(accounts, f.r.PostFormValue("did"))
+	if !ok || !matchesHint(a, f.req.Params.LoginHint) {
+		s.signInPage(f, http.StatusUnauthorized, "That account is no longer signed in here. Sign in again.")
+		return Account{}, false
+	}
+	return a, true
 }
 
 func (s *Server) postSelect(f *flow) {
-	a, ok, err := s.chosenAccount(f)
-	if err != nil {
-		s.showPageError(f.w, internalPageError(err))
-		return
-	}
+	a, ok := s.chosenAccount(f)
 	if !ok {
-		s.signInPage(f, http.StatusUnauthorized, "That account is no longer signed in here. Sign in again.")
 		return
 	}
 	s.consentPage(f, a)
@@ -280,17 +292,12 @@ func (s *Server) postSelect(f *flow) {
 
 func (s *Server) postApprove(f *flow) {
 	ctx := f.r.Context()
-	a, ok, err := s.chosenAccount(f)
-	if err != nil {
-		s.showPageError(f.w, internalPageError(err))
-		return
-	}
+	a, ok := s.chosenAccount(f)
 	if !ok {
-		s.signInPage(f, http.StatusUnauthorized, "That account is no longer signed in here. Sign in again.")
 		return
 	}
 	code := "cod-" + randomToken(32)
-	err = execOne(ctx, s.db, qApproveRequest, f.req.ID, f.d.ID, string(a.DID), hashSecret(code), s.cfg.Now().Add(CodeTTL))
+	err := execOne(ctx, s.db, qApproveRequest, f.req.ID, f.d.ID, string(a.DID), hashSecret(code), s.cfg.Now().Add(CodeTTL))
 	if errors.Is(err, db.ErrNotFound) {
 		s.showPageError(f.w, errRequestGone)
 		return

@@ -91,7 +91,7 @@ func TestClientAssertions(t *testing.T) {
 	form.Set("client_assertion", assertion(t, key, claims()))
 	uri := c.par(form)
 	q := url.Values{"client_id": {c.clientID}, "request_uri": {uri}}
-	params := f.browser().signInAndApprove(f.srv.URL+oauth.PathAuthorize+"?"+q.Encode(), "alice.test", "alice password")
+	params := f.browser().SignInAndApprove(f.srv.URL+oauth.PathAuthorize+"?"+q.Encode(), "alice.test", "alice password")
 	tok := url.Values{"grant_type": {"authorization_code"}, "client_id": {c.clientID}, "code": {params.Get("code")},
 		"redirect_uri": {c.redirect}, "code_verifier": {c.verifier},
 		"client_assertion_type": {indigo.ClientAssertionJWTBearer}, "client_assertion": {assertion(t, key, claims())}}

@@ -97,6 +97,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// answer writes the outcome of a request to one of the JSON endpoints:
+// res with status, or the error. Either carries the current DPoP nonce.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, res any, err error) {
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
+	writeJSON(w, status, res)
+}
+
 // writeError writes an OAuth JSON error, logging server faults. Every
 // response of the JSON endpoints carries the current DPoP nonce.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

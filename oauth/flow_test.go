@@ -36,38 +36,6 @@ func (f *fixture) startFlow(app *indigo.ClientApp, did, hint string) string {
 	return md.AuthorizationEndpoint + "?" + q.Encode()
 }
 
-// signInAndApprove drives the pages: open, sign in, allow. It returns the
-// callback parameters.
-func (b *browser) signInAndApprove(authURL, identifier, password string) url.Values {
-	t := b.f.t
-	p := b.get(authURL)
-	require.Equal(t, http.StatusOK, p.status, p.body)
-	require.Contains(t, p.body, `id="signin-form"`)
-	form := p.formFields(t, "signin-form")
-	form.Set("identifier", identifier)
-	form.Set("password", password)
-	p = b.post(oauth.PathAuthorize, form)
-	require.Equal(t, http.StatusOK, p.status, p.body)
-	return b.approve(p)
-}
-
-// approve submits the consent form of a consent page.
-func (b *browser) approve(p *page) url.Values {
-	t := b.f.t
-	require.Contains(t, p.body, `id="consent-form"`, p.body)
-	form := p.formFields(t, "consent-form")
-	form.Set("action", "approve")
-	p = b.post(oauth.PathAuthorize, form)
-	require.Equal(t, http.StatusSeeOther, p.status, p.body)
-	return callbackParams(t, p)
-}
-
-func callbackParams(t *testing.T, p *page) url.Values {
-	loc, err := url.Parse(p.header.Get("Location"))
-	require.NoError(t, err)
-	return loc.Query()
-}
-
 // resource calls the test resource endpoint through the indigo session
 // (DPoP, nonce retries and refresh as a real client does them).
 func resource(t *testing.T, f *fixture, sess *indigo.ClientSession, query string) (int, map[string]string) {
@@ -104,7 +72,7 @@ func TestIndigoClientFullFlow(t *testing.T) {
 	app := f.publicClient("app", []string{"atproto", "transition:generic"})
 
 	authURL := f.startFlow(app, aliceDID, "alice.test")
-	params := f.browser().signInAndApprove(authURL, "alice.test", "alice password")
+	params := f.browser().SignInAndApprove(authURL, "alice.test", "alice password")
 	require.Equal(t, f.srv.URL, params.Get("iss"))
 	require.NotEmpty(t, params.Get("code"))
 
@@ -148,7 +116,7 @@ func TestConfidentialClientFlow(t *testing.T) {
 	f.putDoc("/client/conf.json", md)
 	app := f.clientApp(&cfg)
 
-	params := f.browser().signInAndApprove(f.startFlow(app, bobDID, ""), "bob.test", "bob password")
+	params := f.browser().SignInAndApprove(f.startFlow(app, bobDID, ""), "bob.test", "bob password")
 	data, err := app.ProcessCallback(ctx, params)
 	require.NoError(t, err)
 	sess, err := app.ResumeSession(ctx, data.AccountDID, data.SessionID)
@@ -200,7 +168,7 @@ func TestLocalhostDevelopmentClient(t *testing.T) {
 	f := setup(t)
 	cfg := indigo.NewLocalhostConfig("http://127.0.0.1/callback", []string{"atproto", "transition:generic"})
 	app := f.clientApp(&cfg)
-	params := f.browser().signInAndApprove(f.startFlow(app, aliceDID, ""), "alice.test", "alice password")
+	params := f.browser().SignInAndApprove(f.startFlow(app, aliceDID, ""), "alice.test", "alice password")
 	data, err := app.ProcessCallback(ctx, params)
 	require.NoError(t, err)
 	require.Equal(t, syntax.DID(aliceDID), data.AccountDID)

@@ -107,26 +107,31 @@ type parResponse struct {
 
 func (s *Server) handlePAR(w http.ResponseWriter, r *http.Request) {
 	res, err := s.pushRequest(r.Context(), w, r)
+	s.answer(w, r, http.StatusCreated, res, err)
+}
+
+// readClientPost reads a client's form post to path (the PAR or the token
+// endpoint, which both require a DPoP proof and a client_id).
+func (s *Server) readClientPost(w http.ResponseWriter, r *http.Request, path string) (form url.Values, clientID string, proof *dpop.Proof, err error) {
+	form, err = readForm(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return nil, "", nil, err
 	}
-	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
-	writeJSON(w, http.StatusCreated, res)
+	proof, err = s.verifyDPoP(r, path, "")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	clientID = form.Get("client_id")
+	if clientID == "" {
+		return nil, "", nil, invalidRequest("client_id is required")
+	}
+	return form, clientID, proof, nil
 }
 
 func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) (*parResponse, error) {
-	form, err := readForm(w, r)
+	form, clientID, proof, err := s.readClientPost(w, r, PathPAR)
 	if err != nil {
 		return nil, err
-	}
-	proof, err := s.verifyDPoP(r, PathPAR, "")
-	if err != nil {
-		return nil, err
-	}
-	clientID := form.Get("client_id")
-	if clientID == "" {
-		return nil, invalidRequest("client_id is required")
 	}
 	c, err := s.clients.get(ctx, clientID)
 	if err != nil {

@@ -96,7 +96,7 @@ func (c *rawClient) par(form url.Values) string {
 func (c *rawClient) code() string {
 	uri := c.par(c.parForm())
 	q := url.Values{"client_id": {c.clientID}, "request_uri": {uri}}
-	params := c.f.browser().signInAndApprove(c.f.srv.URL+oauth.PathAuthorize+"?"+q.Encode(), "alice.test", "alice password")
+	params := c.f.browser().SignInAndApprove(c.f.srv.URL+oauth.PathAuthorize+"?"+q.Encode(), "alice.test", "alice password")
 	require.Equal(c.t, c.state, params.Get("state"))
 	return params.Get("code")
 }

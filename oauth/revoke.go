@@ -16,12 +16,8 @@ import (
 // token ends the whole grant. Unknown tokens are not an error: the
 // outcome the client wants (the token no longer works) holds.
 func (s *Server) handleRevoke(w http.ResponseWriter, r *http.Request) {
-	if err := s.revoke(r.Context(), w, r); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
-	writeJSON(w, http.StatusOK, struct{}{})
+	err := s.revoke(r.Context(), w, r)
+	s.answer(w, r, http.StatusOK, struct{}{}, err)
 }
 
 func (s *Server) revoke(ctx context.Context, w http.ResponseWriter, r *http.Request) error {

@@ -11,96 +11,103 @@ import (
 
 const appview = "did:web:api.bsky.app#bsky_appview"
 
+// permCheck is one question put to a scope's Permissions.
+type permCheck struct {
+	what string
+	ok   func(*oauth.Permissions) bool
+	want bool
+}
+
+func canRepo(collection, action string) func(*oauth.Permissions) bool {
+	return func(p *oauth.Permissions) bool { return p.CanRepo(collection, action) }
+}
+
+func canBlob(mime string) func(*oauth.Permissions) bool {
+	return func(p *oauth.Permissions) bool { return p.CanBlob(mime) }
+}
+
+func canRPC(lxm, aud string) func(*oauth.Permissions) bool {
+	return func(p *oauth.Permissions) bool { return p.CanRPC(lxm, aud) }
+}
+
+func canAccount(attr, action string) func(*oauth.Permissions) bool {
+	return func(p *oauth.Permissions) bool { return p.CanAccount(attr, action) }
+}
+
+func canIdentity(attr string) func(*oauth.Permissions) bool {
+	return func(p *oauth.Permissions) bool { return p.CanIdentity(attr) }
+}
+
 func TestPermissions(t *testing.T) {
 	t.Parallel()
-	type check struct {
-		what string
-		ok   func(*oauth.Permissions) bool
-		want bool
-	}
-	repo := func(c, a string) func(*oauth.Permissions) bool {
-		return func(p *oauth.Permissions) bool { return p.CanRepo(c, a) }
-	}
-	blob := func(m string) func(*oauth.Permissions) bool {
-		return func(p *oauth.Permissions) bool { return p.CanBlob(m) }
-	}
-	rpc := func(l, a string) func(*oauth.Permissions) bool {
-		return func(p *oauth.Permissions) bool { return p.CanRPC(l, a) }
-	}
-	account := func(attr, act string) func(*oauth.Permissions) bool {
-		return func(p *oauth.Permissions) bool { return p.CanAccount(attr, act) }
-	}
-	ident := func(attr string) func(*oauth.Permissions) bool {
-		return func(p *oauth.Permissions) bool { return p.CanIdentity(attr) }
-	}
-	tests := map[string][]check{
+	tests := map[string][]permCheck{
 		"atproto": {
-			{"post", repo("app.bsky.feed.post", "create"), false},
-			{"blob", blob("image/png"), false},
-			{"timeline", rpc("app.bsky.feed.getTimeline", appview), false},
-			{"email", account("email", "read"), false},
-			{"handle", ident("handle"), false},
+			{"post", canRepo("app.bsky.feed.post", "create"), false},
+			{"blob", canBlob("image/png"), false},
+			{"timeline", canRPC("app.bsky.feed.getTimeline", appview), false},
+			{"email", canAccount("email", "read"), false},
+			{"handle", canIdentity("handle"), false},
 		},
 		"atproto transition:generic": {
-			{"post", repo("app.bsky.feed.post", "delete"), true},
-			{"blob", blob("video/mp4"), true},
-			{"timeline", rpc("app.bsky.feed.getTimeline", appview), true},
-			{"chat", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
-			{"move away", rpc("com.atproto.server.createAccount", "did:web:other.example"), false},
-			{"email", account("email", "read"), false},
-			{"import", account("repo", "manage"), false},
-			{"handle", ident("handle"), false},
+			{"post", canRepo("app.bsky.feed.post", "delete"), true},
+			{"blob", canBlob("video/mp4"), true},
+			{"timeline", canRPC("app.bsky.feed.getTimeline", appview), true},
+			{"chat", canRPC("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
+			{"move away", canRPC("com.atproto.server.createAccount", "did:web:other.example"), false},
+			{"email", canAccount("email", "read"), false},
+			{"import", canAccount("repo", "manage"), false},
+			{"handle", canIdentity("handle"), false},
 		},
 		"atproto transition:generic transition:chat.bsky transition:email": {
-			{"chat", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), true},
-			{"email", account("email", "read"), true},
-			{"change email", account("email", "manage"), false},
+			{"chat", canRPC("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), true},
+			{"email", canAccount("email", "read"), true},
+			{"change email", canAccount("email", "manage"), false},
 		},
 		"atproto transition:generic rpc:com.atproto.server.createAccount?aud=*": {
-			{"move away, granted", rpc("com.atproto.server.createAccount", "did:web:other.example"), true},
+			{"move away, granted", canRPC("com.atproto.server.createAccount", "did:web:other.example"), true},
 		},
 		"atproto transition:chat.bsky": {
-			{"chat without generic", rpc("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
+			{"chat without generic", canRPC("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
 		},
 		"atproto repo:app.bsky.feed.post?action=create repo?collection=app.bsky.feed.like&collection=app.bsky.graph.follow": {
-			{"create post", repo("app.bsky.feed.post", "create"), true},
-			{"delete post", repo("app.bsky.feed.post", "delete"), false},
-			{"delete like", repo("app.bsky.feed.like", "delete"), true},
-			{"update follow", repo("app.bsky.graph.follow", "update"), true},
-			{"profile", repo("app.bsky.actor.profile", "update"), false},
+			{"create post", canRepo("app.bsky.feed.post", "create"), true},
+			{"delete post", canRepo("app.bsky.feed.post", "delete"), false},
+			{"delete like", canRepo("app.bsky.feed.like", "delete"), true},
+			{"update follow", canRepo("app.bsky.graph.follow", "update"), true},
+			{"profile", canRepo("app.bsky.actor.profile", "update"), false},
 		},
 		"atproto repo:*?action=delete": {
-			{"delete anything", repo("com.example.thing", "delete"), true},
-			{"create anything", repo("com.example.thing", "create"), false},
+			{"delete anything", canRepo("com.example.thing", "delete"), true},
+			{"create anything", canRepo("com.example.thing", "create"), false},
 		},
 		"atproto blob:image/* blob?accept=video/mp4&accept=text/html": {
-			{"png", blob("image/png"), true},
-			{"png with params", blob("IMAGE/PNG; q=1"), true},
-			{"mp4", blob("video/mp4"), true},
-			{"webm", blob("video/webm"), false},
-			{"pdf", blob("application/pdf"), false},
+			{"png", canBlob("image/png"), true},
+			{"png with params", canBlob("IMAGE/PNG; q=1"), true},
+			{"mp4", canBlob("video/mp4"), true},
+			{"webm", canBlob("video/webm"), false},
+			{"pdf", canBlob("application/pdf"), false},
 		},
 		"atproto rpc:app.bsky.feed.getTimeline?aud=did:web:api.bsky.app%23bsky_appview rpc:com.atproto.moderation.createReport?aud=*": {
-			{"timeline at appview", rpc("app.bsky.feed.getTimeline", appview), true},
-			{"timeline elsewhere", rpc("app.bsky.feed.getTimeline", "did:web:evil.example#bsky_appview"), false},
-			{"report anywhere", rpc("com.atproto.moderation.createReport", "did:plc:mod#atproto_labeler"), true},
-			{"other method", rpc("app.bsky.feed.getFeed", appview), false},
+			{"timeline at appview", canRPC("app.bsky.feed.getTimeline", appview), true},
+			{"timeline elsewhere", canRPC("app.bsky.feed.getTimeline", "did:web:evil.example#bsky_appview"), false},
+			{"report anywhere", canRPC("com.atproto.moderation.createReport", "did:plc:mod#atproto_labeler"), true},
+			{"other method", canRPC("app.bsky.feed.getFeed", appview), false},
 		},
 		"atproto rpc?lxm=*&aud=did:web:api.bsky.app%23bsky_appview": {
-			{"any method at appview", rpc("app.bsky.actor.getProfile", appview), true},
-			{"not elsewhere", rpc("app.bsky.actor.getProfile", "did:web:other.example#x"), false},
+			{"any method at appview", canRPC("app.bsky.actor.getProfile", appview), true},
+			{"not elsewhere", canRPC("app.bsky.actor.getProfile", "did:web:other.example#x"), false},
 		},
 		"atproto account:email account:repo?action=manage identity:handle": {
-			{"read email", account("email", "read"), true},
-			{"manage email", account("email", "manage"), false},
-			{"import repo", account("repo", "manage"), true},
-			{"handle", ident("handle"), true},
-			{"whole identity", ident("*"), false},
+			{"read email", canAccount("email", "read"), true},
+			{"manage email", canAccount("email", "manage"), false},
+			{"import repo", canAccount("repo", "manage"), true},
+			{"handle", canIdentity("handle"), true},
+			{"whole identity", canIdentity("*"), false},
 		},
 		"atproto identity:* bogus:thing repo:not-an-nsid include:com.example.set": {
-			{"whole identity", ident("*"), true},
-			{"handle", ident("handle"), true},
-			{"unparsed ignored", repo("not-an-nsid", "create"), false},
+			{"whole identity", canIdentity("*"), true},
+			{"handle", canIdentity("handle"), true},
+			{"unparsed ignored", canRepo("not-an-nsid", "create"), false},
 		},
 	}
 	for scope, checks := range tests {

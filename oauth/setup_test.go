@@ -8,10 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/cookiejar"
 	"net/http/httptest"
-	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +21,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/oauth/oauthtest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -236,67 +234,7 @@ func (f *fixture) asMetadata() *indigo.AuthServerMetadata {
 	return &md
 }
 
-// browser is a person's web browser: cookies, no JavaScript, and it stops
-// at redirects so the test sees where they lead.
-type browser struct {
-	f    *fixture
-	http *http.Client
-}
-
-func (f *fixture) browser() *browser {
-	jar, err := cookiejar.New(nil)
-	require.NoError(f.t, err)
-	c := *f.srv.Client()
-	c.Jar = jar
-	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &browser{f: f, http: &c}
-}
-
-// page is a fetched HTML page.
-type page struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (b *browser) get(u string) *page {
-	resp, err := b.http.Get(u)
-	require.NoError(b.f.t, err)
-	return readPage(b.f.t, resp)
-}
-
-func (b *browser) post(path string, form url.Values) *page {
-	req, err := http.NewRequest(http.MethodPost, b.f.srv.URL+path, strings.NewReader(form.Encode()))
-	require.NoError(b.f.t, err)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", b.f.srv.URL)
-	resp, err := b.http.Do(req)
-	require.NoError(b.f.t, err)
-	return readPage(b.f.t, resp)
-}
-
-func readPage(t *testing.T, resp *http.Response) *page {
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return &page{status: resp.StatusCode, header: resp.Header, body: string(body)}
-}
-
-var hiddenRE = regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`)
-
-// formFields returns the hidden fields of the form with the given id.
-func (p *page) formFields(t *testing.T, id string) url.Values {
-	t.Helper()
-	start := strings.Index(p.body, `<form id="`+id+`"`)
-	require.GreaterOrEqual(t, start, 0, "form %s not on the page:\n%s", id, p.body)
-	end := strings.Index(p.body[start:], "</form>")
-	vals := url.Values{}
-	for _, m := range hiddenRE.FindAllStringSubmatch(p.body[start:start+end], -1) {
-		vals.Set(m[1], htmlUnescape(m[2]))
-	}
-	return vals
-}
-
-func htmlUnescape(s string) string {
-	return strings.NewReplacer("&amp;", "&", "&#43;", "+", "&#34;", `"`, "&#39;", "'", "&lt;", "<", "&gt;", ">").Replace(s)
+// browser is a person's browser on the fixture's server.
+func (f *fixture) browser() *oauthtest.Browser {
+	return oauthtest.NewBrowser(f.t, f.srv.URL, f.srv.Client())
 }

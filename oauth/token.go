@@ -33,26 +33,13 @@ const refreshPrefix = "ref-"
 
 func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
 	res, err := s.token(r.Context(), w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
-	writeJSON(w, http.StatusOK, res)
+	s.answer(w, r, http.StatusOK, res, err)
 }
 
 func (s *Server) token(ctx context.Context, w http.ResponseWriter, r *http.Request) (*TokenResponse, error) {
-	form, err := readForm(w, r)
+	form, clientID, proof, err := s.readClientPost(w, r, PathToken)
 	if err != nil {
 		return nil, err
-	}
-	proof, err := s.verifyDPoP(r, PathToken, "")
-	if err != nil {
-		return nil, err
-	}
-	clientID := form.Get("client_id")
-	if clientID == "" {
-		return nil, invalidRequest("client_id is required")
 	}
 	switch form.Get("grant_type") {
 	case "authorization_code":

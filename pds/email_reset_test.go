@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // Password resets by mail, and what every password change revokes.
@@ -75,15 +76,15 @@ func TestAdminPasswordResetRevokesEverything(t *testing.T) {
 
 func TestResetPasswordByMail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 	c := e.moreCredentials(t, u)
 
 	e.post(t, "com.atproto.server.requestPasswordReset", "", map[string]any{"email": " " + strings.ToUpper(userEmail(u)) + " "}).ok(t)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{userEmail(u)}, m.To)
-	code := codeIn(t, m)
+	code := emailtest.Parse(t, m).Code(t)
 
 	e.post(t, "com.atproto.server.resetPassword", "", map[string]any{"token": "AAAAA-AAAAA", "password": "a brand new password"}).
 		fails(t, http.StatusBadRequest, "InvalidToken")
@@ -100,7 +101,7 @@ func TestResetPasswordByMail(t *testing.T) {
 
 	e.requireRevoked(t, u, c, "a brand new password")
 	e.noCodesLogged(t, code)
-	sink.none(t)
+	sink.None(t)
 }
 
 // requestPasswordReset answers an address nobody has exactly as one an
@@ -108,7 +109,7 @@ func TestResetPasswordByMail(t *testing.T) {
 // has an account here.
 func TestRequestPasswordResetNoEnumeration(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 
@@ -125,8 +126,8 @@ func TestRequestPasswordResetNoEnumeration(t *testing.T) {
 	}
 	require.Equal(t, strip(known.header), strip(unknown.header))
 	// Only the account's mail went out.
-	require.Equal(t, []string{userEmail(u)}, sink.next(t).To)
-	sink.none(t)
+	require.Equal(t, []string{userEmail(u)}, sink.Next(t).To)
+	sink.None(t)
 
 	// Malformed input is refused whoever asks about it.
 	e.post(t, "com.atproto.server.requestPasswordReset", "", map[string]any{"email": ""}).fails(t, http.StatusBadRequest, "InvalidRequest")
@@ -218,7 +219,7 @@ func TestHeldMailAndPendingTokens(t *testing.T) {
 
 func TestDescribeServerWithMail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), false, envOptions{})
 	d := e.get(t, "com.atproto.server.describeServer", "", nil).ok(t).json(t)
 	require.Equal(t, true, d["emailAvailable"])
@@ -226,7 +227,7 @@ func TestDescribeServerWithMail(t *testing.T) {
 
 func TestAdminSendEmail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 	in := map[string]any{"recipientDid": u.did, "senderDid": "did:plc:moderator", "subject": "About your account",
@@ -235,11 +236,11 @@ func TestAdminSendEmail(t *testing.T) {
 	e.post(t, "com.atproto.admin.sendEmail", u.access, in).fails(t, http.StatusUnauthorized, "AuthenticationRequired")
 	res := e.adminProc(t, "sendEmail", in).ok(t).json(t)
 	require.Equal(t, map[string]any{"sent": true}, res)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{userEmail(u)}, m.To)
-	subject, text := mailText(t, m)
-	require.Contains(t, subject, "About your account")
-	require.Contains(t, text, "Hello from the administrator.")
+	mail := emailtest.Parse(t, m)
+	require.Contains(t, mail.Subject, "About your account")
+	require.Contains(t, mail.Text, "Hello from the administrator.")
 
 	bad := func(change map[string]any) xrpcResult {
 		body := map[string]any{}
@@ -257,7 +258,7 @@ func TestAdminSendEmail(t *testing.T) {
 	bad(map[string]any{"content": " "}).fails(t, http.StatusBadRequest, "InvalidRequest")
 	bad(map[string]any{"content": strings.Repeat("x", email.MaxAdminContentLen+1)}).fails(t, http.StatusBadRequest, "InvalidRequest")
 	bad(map[string]any{"subject": strings.Repeat("x", email.MaxAdminSubjectLen+1)}).fails(t, http.StatusBadRequest, "InvalidRequest")
-	sink.none(t)
+	sink.None(t)
 
 	audit := e.adminGet(t, "listAuditLog", url.Values{"subject": {u.did.String()}}).ok(t)
 	require.Contains(t, string(audit.body), "com.atproto.admin.sendEmail")

@@ -1,181 +1,26 @@
 package pds
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"log"
-	"mime"
-	"mime/multipart"
-	"net"
-	"net/mail"
-	"regexp"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	"github.com/emersion/go-smtp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 )
 
-// Fixtures of the mail tests: a real SMTP server (emersion/go-smtp) in the
-// test process that keeps what it is sent, a clock the Mailer reads, and
-// helpers that take a code out of a mail or out of the held outbox.
-
-// mailClock is a settable time source for a Mailer (code lifetimes, retry
-// schedules).
-type mailClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMailClock() *mailClock { return &mailClock{t: time.Now()} }
-
-func (c *mailClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *mailClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// gotMail is one mail the test server accepted.
-type gotMail struct {
-	To   []string
-	Data []byte
-}
-
-// smtpSink is an SMTP server on a loopback port (plain text, no AUTH: the
-// Mailer is pointed at it with smtp://addr?tls=none).
-type smtpSink struct {
-	Addr string
-	got  chan gotMail
-	srv  *smtp.Server
-}
-
-// startSMTPSink serves on addr ("" = a free port) until the test ends or
-// Close.
-func startSMTPSink(t testing.TB, addr string) *smtpSink {
-	t.Helper()
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	s := &smtpSink{got: make(chan gotMail, 100)}
-	s.srv = smtp.NewServer(s)
-	s.srv.Domain = "localhost"
-	s.srv.ErrorLog = log.New(io.Discard, "", 0)
-	s.srv.ReadTimeout, s.srv.WriteTimeout = 30*time.Second, 30*time.Second
-	l, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
-	s.Addr = l.Addr().String()
-	go func() { _ = s.srv.Serve(l) }()
-	t.Cleanup(func() { _ = s.srv.Close() })
-	return s
-}
-
-// URL is the BULWARK_SMTP_URL of the sink.
-func (s *smtpSink) URL() string { return "smtp://" + s.Addr + "?tls=none" }
-
-// NewSession implements smtp.Backend.
-func (s *smtpSink) NewSession(*smtp.Conn) (smtp.Session, error) { return &sinkSession{sink: s}, nil }
-
-type sinkSession struct {
-	sink *smtpSink
-	cur  gotMail
-}
-
-func (ss *sinkSession) Mail(string, *smtp.MailOptions) error { ss.cur = gotMail{}; return nil }
-func (ss *sinkSession) Rcpt(to string, _ *smtp.RcptOptions) error {
-	ss.cur.To = append(ss.cur.To, to)
-	return nil
-}
-func (ss *sinkSession) Data(r io.Reader) error {
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return err
-	}
-	ss.cur.Data = b
-	ss.sink.got <- ss.cur
-	return nil
-}
-func (ss *sinkSession) Reset()        { ss.cur = gotMail{} }
-func (ss *sinkSession) Logout() error { return nil }
-
-// next waits for the next mail. The bound is generous: the mail arrives or
-// the test fails; it is not a timing assertion.
-func (s *smtpSink) next(t testing.TB) gotMail {
-	t.Helper()
-	select {
-	case m := <-s.got:
-		return m
-	case <-time.After(30 * time.Second):
-		t.Fatal("no mail arrived")
-		return gotMail{}
-	}
-}
-
-// none checks that nothing has arrived so far.
-func (s *smtpSink) none(t testing.TB) {
-	t.Helper()
-	select {
-	case m := <-s.got:
-		t.Fatalf("unexpected mail to %v", m.To)
-	default:
-	}
-}
-
-var mailCodeRE = regexp.MustCompile(`[A-Z2-7]{5}-[A-Z2-7]{5}`)
-
-// mailText is the plain-text part of a multipart/alternative mail, and
-// its subject.
-func mailText(t testing.TB, m gotMail) (subject, text string) {
-	t.Helper()
-	msg, err := mail.ReadMessage(bytes.NewReader(m.Data))
-	require.NoError(t, err)
-	subject, err = new(mime.WordDecoder).DecodeHeader(msg.Header.Get("Subject"))
-	require.NoError(t, err)
-	mt, params, err := mime.ParseMediaType(msg.Header.Get("Content-Type"))
-	require.NoError(t, err)
-	require.Equal(t, "multipart/alternative", mt)
-	mr := multipart.NewReader(msg.Body, params["boundary"])
-	for {
-		part, err := mr.NextPart()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		require.NoError(t, err)
-		body, err := io.ReadAll(part)
-		require.NoError(t, err)
-		if strings.HasPrefix(part.Header.Get("Content-Type"), "text/plain") {
-			text = string(body)
-		}
-	}
-	return subject, text
-}
-
-// codeIn is the code a mail carries.
-func codeIn(t testing.TB, m gotMail) string {
-	t.Helper()
-	_, text := mailText(t, m)
-	c := mailCodeRE.FindString(text)
-	require.NotEmpty(t, c, "no code in %q", text)
-	return c
-}
+// Fixtures of the mail tests: a Mailer on a hand-moved clock, and a helper
+// that takes a code out of the held outbox. The SMTP server they send to is
+// email/emailtest's.
 
 // mailEnv is an accountEnv whose Mailer sends to sink (nil: no SMTP, mail
 // is held) on clock.
 type mailEnv struct {
 	*accountEnv
-	clock *mailClock
+	clock *testclock.Clock
 	logs  *lockedBuffer
 }
 
@@ -183,7 +28,7 @@ type mailEnv struct {
 // without it the test calls Deliver itself. opts adjusts the rest.
 func newMailEnv(t testing.TB, smtpURL string, worker bool, opts envOptions) *mailEnv {
 	t.Helper()
-	clock := newMailClock()
+	clock := testclock.New(time.Now())
 	logs := &lockedBuffer{}
 	cfg := &email.Config{From: "Bulwark <noreply@pds.test>", Now: clock.Now, SendTimeout: 10 * time.Second}
 	if smtpURL != "" {

@@ -2,7 +2,6 @@ package pds
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 )
 
 // The mail flows end to end through HTTP: a request, the mail arriving at a
@@ -36,7 +36,7 @@ func (e *mailEnv) noCodesLogged(t *testing.T, codes ...string) {
 
 func TestConfirmEmail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 	addr := userEmail(u)
@@ -47,12 +47,12 @@ func TestConfirmEmail(t *testing.T) {
 	require.Equal(t, false, sess["emailAuthFactor"])
 
 	e.post(t, "com.atproto.server.requestEmailConfirmation", u.access, nil).ok(t)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{addr}, m.To)
-	subject, text := mailText(t, m)
-	require.NotEmpty(t, subject)
-	require.Contains(t, text, u.handle)
-	code := codeIn(t, m)
+	mail := emailtest.Parse(t, m)
+	require.NotEmpty(t, mail.Subject)
+	require.Contains(t, mail.Text, u.handle)
+	code := emailtest.Parse(t, m).Code(t)
 
 	e.post(t, "com.atproto.server.confirmEmail", u.access, map[string]any{"email": "other@example.com", "token": code}).
 		fails(t, http.StatusBadRequest, "InvalidEmail")
@@ -96,12 +96,12 @@ func TestConfirmEmail(t *testing.T) {
 		}
 	}
 	e.noCodesLogged(t, code)
-	sink.none(t)
+	sink.None(t)
 }
 
 func TestUpdateEmail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 	other := e.createUser(t)
@@ -114,18 +114,18 @@ func TestUpdateEmail(t *testing.T) {
 
 	// Confirm it.
 	e.post(t, "com.atproto.server.requestEmailConfirmation", u.access, nil).ok(t)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{"first@example.com"}, m.To)
-	e.post(t, "com.atproto.server.confirmEmail", u.access, map[string]any{"email": "first@example.com", "token": codeIn(t, m)}).ok(t)
+	e.post(t, "com.atproto.server.confirmEmail", u.access, map[string]any{"email": "first@example.com", "token": emailtest.Parse(t, m).Code(t)}).ok(t)
 
 	// Confirmed: a code, mailed to the current address, is required.
 	e.post(t, "com.atproto.server.requestEmailConfirmation", u.access, nil).ok(t)
-	stale := codeIn(t, sink.next(t))
+	stale := emailtest.Parse(t, sink.Next(t)).Code(t)
 	res = e.post(t, "com.atproto.server.requestEmailUpdate", u.access, nil).ok(t).json(t)
 	require.Equal(t, map[string]any{"tokenRequired": true}, res)
-	m = sink.next(t)
+	m = sink.Next(t)
 	require.Equal(t, []string{"first@example.com"}, m.To)
-	code := codeIn(t, m)
+	code := emailtest.Parse(t, m).Code(t)
 
 	e.post(t, "com.atproto.server.updateEmail", u.access, map[string]any{"email": "second@example.com"}).
 		fails(t, http.StatusBadRequest, "TokenRequired")
@@ -156,20 +156,20 @@ func TestUpdateEmail(t *testing.T) {
 	e.post(t, "com.atproto.server.updateEmail", s.str(t, "accessJwt"), map[string]any{"email": "x@example.com"}).
 		fails(t, http.StatusBadRequest, "InvalidToken")
 	e.noCodesLogged(t, code, stale)
-	sink.none(t)
+	sink.None(t)
 }
 
 func TestAccountDeleteByMail(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 	keep := e.createUser(t)
 
 	e.post(t, "com.atproto.server.requestAccountDelete", u.access, nil).ok(t)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{userEmail(u)}, m.To)
-	code := codeIn(t, m)
+	code := emailtest.Parse(t, m).Code(t)
 	before := e.rowCounts(t)
 	e.post(t, "com.atproto.server.deleteAccount", "", map[string]any{"did": u.did, "password": u.pass, "token": "AAAAA-AAAAA"}).
 		fails(t, http.StatusBadRequest, "InvalidToken")
@@ -189,20 +189,20 @@ func TestAccountDeleteByMail(t *testing.T) {
 	s := e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": keep.handle, "password": ap.str(t, "password")}).ok(t)
 	e.post(t, "com.atproto.server.requestAccountDelete", s.str(t, "accessJwt"), nil).fails(t, http.StatusBadRequest, "InvalidToken")
 	e.noCodesLogged(t, code)
-	sink.none(t)
+	sink.None(t)
 }
 
 func TestRequestPlcOperationSignature(t *testing.T) {
 	t.Parallel()
-	sink := startSMTPSink(t, "")
+	sink := emailtest.StartSMTP(t, emailtest.Options{})
 	e := newMailEnv(t, sink.URL(), true, envOptions{})
 	u := e.createUser(t)
 
 	e.post(t, "com.atproto.identity.requestPlcOperationSignature", "", nil).fails(t, http.StatusUnauthorized, "AuthenticationRequired")
 	e.post(t, "com.atproto.identity.requestPlcOperationSignature", u.access, nil).ok(t)
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{userEmail(u)}, m.To)
-	code := codeIn(t, m)
+	code := emailtest.Parse(t, m).Code(t)
 
 	// signPlcOperation uses it up through the account service's Mailer, in
 	// its own transaction.
@@ -253,7 +253,7 @@ func TestEmailCodesExpire(t *testing.T) {
 // outbox and goes out, with a working code, once the server is back.
 func TestMailServerDownThenUp(t *testing.T) {
 	t.Parallel()
-	addr := freeLoopbackAddr(t)
+	addr := emailtest.FreeAddr(t)
 	e := newMailEnv(t, "smtp://"+addr+"?tls=none", false, envOptions{})
 	u := e.createUser(t)
 
@@ -262,23 +262,13 @@ func TestMailServerDownThenUp(t *testing.T) {
 	// Meanwhile the operator can read the code (its mail is not sent).
 	require.NotEmpty(t, e.heldCode(t, u.did, email.PurposeConfirmEmail))
 
-	sink := startSMTPSink(t, addr)
+	sink := emailtest.StartSMTP(t, emailtest.Options{Addr: addr})
 	require.Zero(t, e.deliver(t), "the retry is not due yet")
-	sink.none(t)
+	sink.None(t)
 	e.clock.Advance(email.DefaultRetryBase + time.Second)
 	require.Equal(t, 1, e.deliver(t))
-	m := sink.next(t)
+	m := sink.Next(t)
 	require.Equal(t, []string{userEmail(u)}, m.To)
 	require.Empty(t, e.heldCode(t, u.did, email.PurposeConfirmEmail), "sent: no longer readable")
-	e.post(t, "com.atproto.server.confirmEmail", u.access, map[string]any{"email": userEmail(u), "token": codeIn(t, m)}).ok(t)
-}
-
-// freeLoopbackAddr is a loopback address nothing listens on (yet).
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
+	e.post(t, "com.atproto.server.confirmEmail", u.access, map[string]any{"email": userEmail(u), "token": emailtest.Parse(t, m).Code(t)}).ok(t)
 }

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +22,7 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/oauth/oauthtest"
 )
 
 // oauthEnv is a running Bulwark with OAuth on, its issuer the server's
@@ -135,7 +134,7 @@ func (e *oauthEnv) startFlow(app *indigo.ClientApp, u *user) string {
 func (e *oauthEnv) session(app *indigo.ClientApp, u *user) *indigo.ClientSession {
 	t := e.t
 	ctx := context.Background()
-	params := e.browser().signInAndApprove(e.startFlow(app, u), u.handle, u.pass)
+	params := e.browser().SignInAndApprove(e.startFlow(app, u), u.handle, u.pass)
 	require.Equal(t, e.publicURL(), params.Get("iss"))
 	data, err := app.ProcessCallback(ctx, params)
 	require.NoError(t, err)
@@ -212,98 +211,9 @@ func apiStatus(t *testing.T, err error) (int, string) {
 	return ae.StatusCode, ae.Name
 }
 
-// browser is a person's browser for the sign-in pages: it keeps cookies
-// and stops at redirects, so the test sees where they lead.
-type browser struct {
-	t    *testing.T
-	base string
-	http *http.Client
-}
-
-func (e *oauthEnv) browser() *browser {
-	jar, err := cookiejar.New(nil)
-	require.NoError(e.t, err)
-	return &browser{t: e.t, base: e.publicURL(), http: &http.Client{
-		Jar:           jar,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
-}
-
-// page is a fetched HTML page.
-type page struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func (b *browser) get(u string) *page {
-	resp, err := b.http.Get(u)
-	require.NoError(b.t, err)
-	return readPage(b.t, resp)
-}
-
-// post submits a form as a browser does from a page of the server.
-func (b *browser) post(path string, form url.Values) *page {
-	req, err := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
-	require.NoError(b.t, err)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", b.base)
-	resp, err := b.http.Do(req)
-	require.NoError(b.t, err)
-	return readPage(b.t, resp)
-}
-
-func readPage(t *testing.T, resp *http.Response) *page {
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return &page{status: resp.StatusCode, header: resp.Header, body: string(body)}
-}
-
-var hiddenInput = regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`)
-
-// formFields returns the hidden fields of the form with the given id.
-func (p *page) formFields(t *testing.T, id string) url.Values {
-	t.Helper()
-	start := strings.Index(p.body, `<form id="`+id+`"`)
-	require.GreaterOrEqual(t, start, 0, "form %s not on the page:\n%s", id, p.body)
-	end := strings.Index(p.body[start:], "</form>")
-	vals := url.Values{}
-	for _, m := range hiddenInput.FindAllStringSubmatch(p.body[start:start+end], -1) {
-		vals.Set(m[1], htmlUnescape(m[2]))
-	}
-	return vals
-}
-
-func htmlUnescape(s string) string {
-	return strings.NewReplacer("&amp;", "&", "&#43;", "+", "&#34;", `"`, "&#39;", "'", "&lt;", "<", "&gt;", ">").Replace(s)
-}
-
-// signIn opens the authorization page and signs in, returning the page
-// that follows (the consent page on success).
-func (b *browser) signIn(authURL, identifier, password string) *page {
-	t := b.t
-	p := b.get(authURL)
-	require.Equal(t, http.StatusOK, p.status, p.body)
-	form := p.formFields(t, "signin-form")
-	form.Set("identifier", identifier)
-	form.Set("password", password)
-	return b.post(oauth.PathAuthorize, form)
-}
-
-// signInAndApprove signs in, allows the app, and returns the parameters
-// of the redirect back to it.
-func (b *browser) signInAndApprove(authURL, identifier, password string) url.Values {
-	t := b.t
-	p := b.signIn(authURL, identifier, password)
-	require.Equal(t, http.StatusOK, p.status, p.body)
-	form := p.formFields(t, "consent-form")
-	form.Set("action", "approve")
-	p = b.post(oauth.PathAuthorize, form)
-	require.Equal(t, http.StatusSeeOther, p.status, p.body)
-	loc, err := url.Parse(p.header.Get("Location"))
-	require.NoError(t, err)
-	return loc.Query()
+// browser is a person's browser on the server's sign-in pages.
+func (e *oauthEnv) browser() *oauthtest.Browser {
+	return oauthtest.NewBrowser(e.t, e.publicURL(), nil)
 }
 
 // grantCount counts did's OAuth grants.

@@ -207,9 +207,9 @@ func TestOAuthConsentNeedsCSRF(t *testing.T) {
 	u := e.newUser()
 	app := e.app("app", "atproto", "transition:generic")
 	b := e.browser()
-	p := b.signIn(e.startFlow(app, u), u.handle, u.pass)
-	require.Equal(t, http.StatusOK, p.status, p.body)
-	form := p.formFields(t, "consent-form")
+	p := b.SignIn(e.startFlow(app, u), u.handle, u.pass)
+	require.Equal(t, http.StatusOK, p.Status, p.Body)
+	form := p.FormFields(t, "consent-form")
 	form.Set("action", "approve")
 
 	missing := url.Values{}
@@ -219,19 +219,19 @@ func TestOAuthConsentNeedsCSRF(t *testing.T) {
 		}
 	}
 	for _, f := range []url.Values{missing, withValue(form, "csrf_token", "forged")} {
-		refused := b.post(oauth.PathAuthorize, f)
-		require.Equal(t, http.StatusForbidden, refused.status, refused.body)
-		require.Contains(t, refused.body, "This form has expired")
-		require.Empty(t, refused.header.Get("Location"))
+		refused := b.Post(oauth.PathAuthorize, f)
+		require.Equal(t, http.StatusForbidden, refused.Status, refused.Body)
+		require.Contains(t, refused.Body, "This form has expired")
+		require.Empty(t, refused.Header.Get("Location"))
 	}
 	var codes int
 	require.NoError(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM oauth_requests WHERE code_hash IS NOT NULL").Scan(&codes))
 	require.Zero(t, codes)
 
 	// The request itself was not spoiled: with the token the form works.
-	ok := b.post(oauth.PathAuthorize, form)
-	require.Equal(t, http.StatusSeeOther, ok.status, ok.body)
-	require.Contains(t, ok.header.Get("Location"), "code=")
+	ok := b.Post(oauth.PathAuthorize, form)
+	require.Equal(t, http.StatusSeeOther, ok.Status, ok.Body)
+	require.Contains(t, ok.Header.Get("Location"), "code=")
 }
 
 func withValue(v url.Values, key, value string) url.Values {

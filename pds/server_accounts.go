@@ -56,7 +56,7 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	if len(in.PlcOp) > 0 && string(in.PlcOp) != "null" {
-		return InvalidRequest("unsupported input: plcOp (bringing a PLC operation is not supported yet)")
+		return InvalidRequest("unsupported input: plcOp (bringing a PLC operation is not supported)")
 	}
 	if in.RecoveryKey != "" {
 		return InvalidRequest("unsupported input: recoveryKey (add a recovery key later with a PLC operation)")

@@ -14,31 +14,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 )
 
-// clock is a manual clock for deterministic refills.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func setup(t *testing.T, maxKeys int, rules ...Rule) (*Limiter, *clock) {
+func setup(t *testing.T, maxKeys int, rules ...Rule) (*Limiter, *testclock.Clock) {
 	t.Helper()
-	c := newClock()
+	c := testclock.New(time.Unix(1_700_000_000, 0))
 	l, err := New(Config{Name: "test", Rules: rules, MaxKeys: maxKeys, Now: c.Now})
 	require.NoError(t, err)
 	return l, c

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
 
@@ -138,26 +139,6 @@ func (f *fakeRelay) queried() []string {
 
 // name is the relay's host as the watch labels it.
 func (f *fakeRelay) name() string { return strings.TrimPrefix(f.URL, "http://") }
-
-// clock is a hand-driven clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // head is our scripted head seq.
 type head struct {
@@ -321,7 +302,7 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 // env is one watch over fake relays, with every input scripted.
 type env struct {
 	w      *relaywatch.Watch
-	clock  *clock
+	clock  *testclock.Clock
 	head   *head
 	events *events
 	logs   *logs
@@ -331,7 +312,7 @@ type env struct {
 
 func newEnv(t *testing.T, cfg relaywatch.Config, relays ...*fakeRelay) *env {
 	t.Helper()
-	e := &env{clock: newClock(), head: &head{}, events: &events{byseq: map[int64]relaywatch.EventInfo{}}, logs: &logs{}, alerts: &incidents{}, reg: prometheus.NewRegistry()}
+	e := &env{clock: testclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), head: &head{}, events: &events{byseq: map[int64]relaywatch.EventInfo{}}, logs: &logs{}, alerts: &incidents{}, reg: prometheus.NewRegistry()}
 	if cfg.Hostname == "" {
 		cfg.Hostname = "pds.example.com"
 	}

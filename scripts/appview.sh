@@ -23,11 +23,10 @@ set -euo pipefail
 PLC_PORT=${PLC_PORT:-2702}
 PDS_PORT=${PDS_PORT:-2703}
 APPVIEW_PORT=${APPVIEW_PORT:-2704}
-root=$(cd "$(dirname "$0")/.." && pwd)
 t0=$(date +%s%N)
-work=$(mktemp -d /tmp/bulwark-appview.XXXXXX)
-chmod 711 "$work"
-pids=()
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+setup_work appview
 pg_started=""
 
 ms() { echo $((($(date +%s%N) - t0) / 1000000)); }
@@ -58,37 +57,16 @@ peak_rss() {
 	awk '/^VmHWM/ { printf "%d MiB", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo "?"
 }
 
-# stop ends a process this script started: SIGTERM, up to 10 s to exit
-# (bulwark stops its own cluster), then SIGKILL.
-stop() {
-	kill "$1" 2>/dev/null || return 0
-	for _ in $(seq 1 50); do
-		kill -0 "$1" 2>/dev/null || break
-		sleep 0.2
-	done
-	kill -KILL "$1" 2>/dev/null
-	wait "$1" 2>/dev/null
-}
-
-cleanup() {
-	local status=$?
-	set +e
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do stop "${pids[i]}"; done
+on_exit() {
 	if [ -n "$pg_started" ]; then
 		as_pg "$PG_BIN/pg_ctl" -D "$work/avpg/data" -m fast -t 10 -w stop >/dev/null 2>&1 ||
 			as_pg "$PG_BIN/pg_ctl" -D "$work/avpg/data" -m immediate -w stop >/dev/null 2>&1
 	fi
-	if [ "$status" != 0 ]; then
-		for log in appview.log serve.log plc.log avpg/log; do
-			echo "--- $log (tail) ---" >&2
-			tail -n 40 "$work/$log" >&2 2>/dev/null
-		done
+	if [ "$1" != 0 ]; then
+		for log in appview.log serve.log plc.log avpg/log; do show_log "$log" "$work/$log"; done
 	fi
-	echo "appview.sh: exit $status after $(ms) ms"
-	if [ -z "${KEEP:-}" ]; then rm -rf "$work"; else echo "work dir kept: $work"; fi
-	exit "$status"
+	echo "appview.sh: exit $1 after $(ms) ms"
 }
-trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # wait_for polls until a command succeeds while the process pid lives, up to
@@ -129,8 +107,7 @@ as_pg "$PG_BIN/pg_ctl" -D "$work/avpg/data" -l "$work/avpg/log" -w -s \
 	-o "-c listen_addresses= -k $work/avpg -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c shared_buffers=32MB" start
 db_url="postgresql://postgres@localhost/postgres?host=$work/avpg"
 
-"$work/bulwark" dev-plc --listen "127.0.0.1:$PLC_PORT" --file "$work/plc.jsonl" >"$work/plc.log" 2>&1 &
-pids+=($!)
+start plc.log "$work/bulwark" dev-plc --listen "127.0.0.1:$PLC_PORT" --file "$work/plc.jsonl"
 wait_for "dev-plc" "${pids[-1]}" 30 curl -fsS "http://127.0.0.1:$PLC_PORT/_health"
 
 t_av=$(ms)
@@ -153,8 +130,7 @@ BULWARK_PLC_URL="http://127.0.0.1:$PLC_PORT" \
 BULWARK_APPVIEW_URL="$appview_url" \
 BULWARK_APPVIEW_DID="$appview_did" \
 BULWARK_PROXY_ALLOW_PRIVATE="127.0.0.0/8" \
-	"$work/bulwark" serve >"$work/serve.log" 2>&1 &
-pids+=($!)
+	start serve.log "$work/bulwark" serve
 pds_pid=${pids[-1]}
 wait_for "bulwark serve" "$pds_pid" 60 curl -fsS "http://localhost:$PDS_PORT/xrpc/_health"
 echo "appview.sh: bulwark up at $(ms) ms"

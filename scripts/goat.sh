@@ -51,35 +51,14 @@ set -euo pipefail
 
 GOAT_VERSION=v0.0.0-20251003000214-3259b215110e
 PDS_PORT=${PDS_PORT:-2683}
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/bulwark-goat.XXXXXX)
-# Under root the managed Postgres runs as the postgres user, which must
-# reach the data directory.
-chmod 711 "$work"
-pids=()
-
-cleanup() {
-	local status=$?
-	for pid in "${pids[@]}"; do
-		kill "$pid" 2>/dev/null || true
-	done
-	for pid in "${pids[@]}"; do
-		wait "$pid" 2>/dev/null || true
-	done
-	if [ "$status" != 0 ]; then
-		for log in "$work"/serve*.log; do
-			echo "--- $(basename "$log") (tail) ---" >&2
-			tail -n 40 "$log" >&2 || true
-		done
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+setup_work goat
+on_exit() {
+	if [ "$1" != 0 ]; then
+		for log in "$work"/serve*.log; do show_log "$(basename "$log")" "$log"; done
 	fi
-	if [ -z "${KEEP:-}" ]; then
-		rm -rf "$work"
-	else
-		echo "work dir kept: $work"
-	fi
-	exit "$status"
 }
-trap cleanup EXIT
 
 step() { printf '\n== %s\n' "$*"; }
 # Checks pipe output into grep without -q: grep -q stops reading at the
@@ -111,15 +90,8 @@ mkdir -m 711 "$work/data"
 # and handles end in .test (the development suffix every client accepts).
 BULWARK_DATA_DIR="$work/data" \
 BULWARK_LISTEN="127.0.0.1:$PDS_PORT" \
-	"$work/bulwark" serve >"$work/serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 240); do
-	if curl -fsS "$pds/xrpc/_health" >/dev/null 2>&1; then
-		break
-	fi
-	sleep 0.5
-done
-curl -fsS "$pds/xrpc/_health" >/dev/null || fail "bulwark did not come up"
+	start serve.log "$work/bulwark" serve
+poll 240 curl -fsS "$pds/xrpc/_health" || fail "bulwark did not come up"
 grep -q "URL:            $pds" "$work/serve.log" || fail "the start banner does not give $pds"
 grep -q "development PLC at $pds" "$work/serve.log" || fail "the start banner does not name the development PLC"
 
@@ -202,15 +174,8 @@ mkdir -m 711 "$work/data2"
 BULWARK_DATA_DIR="$work/data2" \
 BULWARK_LISTEN="127.0.0.1:$((PDS_PORT + 1))" \
 BULWARK_PLC_URL="$pds" \
-	"$work/bulwark" serve >"$work/serve2.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 240); do
-	if curl -fsS "$pds2/xrpc/_health" >/dev/null 2>&1; then
-		break
-	fi
-	sleep 0.5
-done
-curl -fsS "$pds2/xrpc/_health" >/dev/null || fail "the second bulwark did not come up"
+	start serve2.log "$work/bulwark" serve
+poll 240 curl -fsS "$pds2/xrpc/_health" || fail "the second bulwark did not come up"
 
 step "goat account plc request-token (the code waits in the outbox: bulwark admin account tokens)"
 "$GOAT" account plc request-token

@@ -17,7 +17,6 @@ set -euo pipefail
 
 PDS_PORT=${PDS_PORT:-2697}
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
-root=$(cd "$(dirname "$0")/.." && pwd)
 
 if [ ! -x "$CHROMIUM" ]; then
 	SUDO=""
@@ -33,22 +32,9 @@ if [ ! -x "$CHROMIUM" ]; then
 	exit 0
 fi
 
-work=$(mktemp -d /tmp/bulwark-oauth.XXXXXX)
-chmod 711 "$work"
-pids=()
-
-cleanup() {
-	local status=$?
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	if [ "$status" != 0 ]; then
-		echo "--- bulwark log (tail) ---" >&2
-		tail -n 40 "$work/serve.log" >&2 || true
-	fi
-	if [ -z "${KEEP:-}" ]; then rm -rf "$work"; else echo "work dir kept: $work"; fi
-	exit "$status"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+setup_work oauth
 
 cd "$root"
 go build -o "$work/bulwark" ./cmd/bulwark
@@ -62,10 +48,6 @@ BULWARK_DATA_DIR="$work/data" \
 BULWARK_LISTEN="127.0.0.1:$PDS_PORT" \
 BULWARK_HOSTNAME="localhost:$PDS_PORT" \
 BULWARK_HANDLE_DOMAINS=".test" \
-	"$work/bulwark" serve >"$work/serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 120); do
-	curl -fsS "http://localhost:$PDS_PORT/xrpc/_health" >/dev/null 2>&1 && break
-	sleep 0.5
-done
+	start serve.log "$work/bulwark" serve
+poll 120 curl -fsS "http://localhost:$PDS_PORT/xrpc/_health" || true
 (cd "$work" && CHROMIUM="$CHROMIUM" SCREENSHOTS="${SCREENSHOTS:-}" node e2e.mjs "http://localhost:$PDS_PORT")

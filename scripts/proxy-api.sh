@@ -14,25 +14,15 @@ set -euo pipefail
 
 PDS_PORT=${PDS_PORT:-2695}
 PLC_PORT=${PLC_PORT:-2694}
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/bulwark-proxy-api.XXXXXX)
-chmod 711 "$work"
-pids=()
-
-cleanup() {
-	local status=$?
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	if [ "$status" != 0 ]; then
-		echo "--- bulwark log (tail) ---" >&2
-		tail -n 40 "$work/serve.log" >&2 || true
-		echo "--- fake services log (tail) ---" >&2
-		tail -n 20 "$work/fakes.log" >&2 || true
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+setup_work proxy-api
+on_exit() {
+	if [ "$1" != 0 ]; then
+		show_log "bulwark log" "$work/serve.log"
+		show_log "fake services log" "$work/fakes.log" 20
 	fi
-	if [ -z "${KEEP:-}" ]; then rm -rf "$work"; else echo "work dir kept: $work"; fi
-	exit "$status"
 }
-trap cleanup EXIT
 
 cd "$root"
 go build -o "$work/bulwark" ./cmd/bulwark
@@ -40,18 +30,10 @@ go build -o "$work/fakeservices" ./internal/cmd/fakeservices
 cp scripts/proxy-api/package.json scripts/proxy-api/e2e.mjs "$work/"
 (cd "$work" && npm install --no-audit --no-fund --loglevel=error)
 
-"$work/bulwark" dev-plc --listen "127.0.0.1:$PLC_PORT" --file "$work/plc.jsonl" >"$work/plc.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 60); do
-	curl -fsS "http://127.0.0.1:$PLC_PORT/_health" >/dev/null 2>&1 && break
-	sleep 0.5
-done
-"$work/fakeservices" --plc-url "http://127.0.0.1:$PLC_PORT" --env-file "$work/fakes.env" >"$work/fakes.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 60); do
-	[ -s "$work/fakes.env" ] && break
-	sleep 0.5
-done
+start plc.log "$work/bulwark" dev-plc --listen "127.0.0.1:$PLC_PORT" --file "$work/plc.jsonl"
+poll 60 curl -fsS "http://127.0.0.1:$PLC_PORT/_health" || true
+start fakes.log "$work/fakeservices" --plc-url "http://127.0.0.1:$PLC_PORT" --env-file "$work/fakes.env"
+poll 60 test -s "$work/fakes.env" || true
 set -a
 # shellcheck disable=SC1091
 . "$work/fakes.env"
@@ -66,10 +48,6 @@ BULWARK_PLC_URL="http://127.0.0.1:$PLC_PORT" \
 BULWARK_APPVIEW_URL="$APPVIEW_URL" \
 BULWARK_APPVIEW_DID="$APPVIEW_DID" \
 BULWARK_PROXY_ALLOW_PRIVATE="127.0.0.0/8" \
-	"$work/bulwark" serve >"$work/serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 120); do
-	curl -fsS "http://localhost:$PDS_PORT/xrpc/_health" >/dev/null 2>&1 && break
-	sleep 0.5
-done
+	start serve.log "$work/bulwark" serve
+poll 120 curl -fsS "http://localhost:$PDS_PORT/xrpc/_health" || true
 (cd "$work" && node e2e.mjs "http://localhost:$PDS_PORT")

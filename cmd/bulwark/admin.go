@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -295,21 +294,7 @@ func adminURLFromEnv() string {
 	if v := strings.TrimSpace(os.Getenv("BULWARK_ADMIN_URL")); v != "" {
 		return v
 	}
-	listen := strings.TrimSpace(os.Getenv("BULWARK_LISTEN"))
-	if listen == "" {
-		return DefaultAdminURL
-	}
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return DefaultAdminURL
-	}
-	switch host {
-	case "", "0.0.0.0":
-		host = "127.0.0.1"
-	case "::":
-		host = "::1"
-	}
-	return "http://" + net.JoinHostPort(host, port)
+	return adminURL(strings.TrimSpace(os.Getenv("BULWARK_LISTEN")))
 }
 
 // adminPassword resolves the admin password: --admin-password, else

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -176,6 +177,18 @@ func (a *adminRun) account(ctx context.Context, raw string) (*adminClient, synta
 	return c, did, err
 }
 
+// parseAccount parses the arguments of a command whose first one is
+// ACCOUNT (nargs in all) and resolves it: the client, the DID and the
+// arguments.
+func (a *adminRun) parseAccount(ctx context.Context, cmd *adminCommand, fs *flag.FlagSet, args []string, nargs int) (*adminClient, syntax.DID, []string, error) {
+	pos, err := a.parse(cmd, fs, args, nargs)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	c, did, err := a.account(ctx, pos[0])
+	return c, did, pos, err
+}
+
 type accountInfoOutput struct {
 	Account     *comatproto.AdminDefs_AccountView `json:"account"`
 	Takedown    *comatproto.AdminDefs_StatusAttr  `json:"takedown,omitempty"`
@@ -184,11 +197,7 @@ type accountInfoOutput struct {
 
 func runAccountInfo(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
-	pos, err := a.parse(cmd, fs, args, 1)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, _, err := a.parseAccount(ctx, cmd, fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -287,11 +296,7 @@ func runAccountTakedown(ctx context.Context, a *adminRun, cmd *adminCommand, arg
 	if apply {
 		ref = fs.String("ref", "", "a reference kept with the takedown (a ticket, a report)")
 	}
-	pos, err := a.parse(cmd, fs, args, 1)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, _, err := a.parseAccount(ctx, cmd, fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -314,11 +319,7 @@ func runAccountTakedown(ctx context.Context, a *adminRun, cmd *adminCommand, arg
 
 func runAccountResetPassword(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
-	pos, err := a.parse(cmd, fs, args, 1)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, _, err := a.parseAccount(ctx, cmd, fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -358,11 +359,7 @@ func runAccountUpdateHandle(ctx context.Context, a *adminRun, cmd *adminCommand,
 
 func runAccountUpdateEmail(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
-	pos, err := a.parse(cmd, fs, args, 2)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, pos, err := a.parseAccount(ctx, cmd, fs, args, 2)
 	if err != nil {
 		return err
 	}

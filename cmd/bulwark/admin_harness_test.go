@@ -188,3 +188,26 @@ func (s *liveServer) login(t *testing.T, identifier, password string) (string, i
 		map[string]string{"identifier": identifier, "password": password}, &sess)
 	return sess.AccessJwt, status
 }
+
+// postOK makes an XRPC procedure call to the server at base and requires
+// a 200; it returns the JSON answer.
+func postOK(t *testing.T, base, nsid, token string, in any) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, base+"/xrpc/"+nsid, bytes.NewReader(b))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", nsid, body)
+	var out map[string]any
+	_ = json.Unmarshal(body, &out)
+	return out
+}

@@ -36,11 +36,7 @@ const blobsPage = 1000
 func runAccountImport(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
 	reason := fs.String("reason", "", "why (recorded in the audit log)")
-	pos, err := a.parse(cmd, fs, args, 2)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, pos, err := a.parseAccount(ctx, cmd, fs, args, 2)
 	if err != nil {
 		return err
 	}
@@ -85,11 +81,7 @@ func runAccountImport(ctx context.Context, a *adminRun, cmd *adminCommand, args 
 // runAccountExport is `bulwark admin account export ACCOUNT DIR`.
 func runAccountExport(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
-	pos, err := a.parse(cmd, fs, args, 2)
-	if err != nil {
-		return err
-	}
-	c, did, err := a.account(ctx, pos[0])
+	c, did, pos, err := a.parseAccount(ctx, cmd, fs, args, 2)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,10 @@ type cliServer struct {
 	password string
 }
 
-func newCLIServer(t *testing.T) *cliServer {
+// plcTestConfig is a configuration, not yet finalized, for a server on a
+// test PLC directory of its own, with the admin password given and handles
+// under .test.
+func plcTestConfig(t *testing.T, adminPassword string) *config.Config {
 	t.Helper()
 	plcSrv := httptest.NewServer(plctest.New())
 	t.Cleanup(plcSrv.Close)
@@ -37,11 +40,17 @@ func newCLIServer(t *testing.T) *cliServer {
 	require.NoError(t, err)
 	cfg := config.DefaultConfig()
 	cfg.DataDir = t.TempDir()
-	cfg.AdminPassword = "cli-import-password"
+	cfg.AdminPassword = adminPassword
 	cfg.JWTSecret = strings.Repeat("j", 40)
 	cfg.PLCURL = plcSrv.URL
 	cfg.PLCRotationKey = rotation.Multibase()
 	cfg.HandleDomains = []string{".test"}
+	return cfg
+}
+
+func newCLIServer(t *testing.T) *cliServer {
+	t.Helper()
+	cfg := plcTestConfig(t, "cli-import-password")
 	cfg.RateLimits = "off"
 	require.NoError(t, cfg.Finalize())
 	srv, _, err := newServer(context.Background(), cfg, dbtest.New(t), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -6,19 +6,14 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"regexp"
-	"strings"
 	"testing"
 
-	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/pds"
-	"github.com/bulwark-pds/bulwark/plc/plctest"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -26,17 +21,7 @@ import (
 // is read with `bulwark admin account tokens` and works.
 func TestAdminAccountTokens(t *testing.T) {
 	t.Parallel()
-	plcSrv := httptest.NewServer(plctest.New())
-	t.Cleanup(plcSrv.Close)
-	rotation, err := atcrypto.GeneratePrivateKeyK256()
-	require.NoError(t, err)
-	cfg := config.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.AdminPassword = "cli-test-password"
-	cfg.JWTSecret = strings.Repeat("j", 40)
-	cfg.PLCURL = plcSrv.URL
-	cfg.PLCRotationKey = rotation.Multibase()
-	cfg.HandleDomains = []string{".test"}
+	cfg := plcTestConfig(t, "cli-test-password")
 	require.NoError(t, cfg.Finalize())
 	pool := dbtest.New(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -47,25 +32,7 @@ func TestAdminAccountTokens(t *testing.T) {
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 
-	post := func(nsid, token string, in any) map[string]any {
-		b, err := json.Marshal(in)
-		require.NoError(t, err)
-		req, err := http.NewRequest(http.MethodPost, ts.URL+"/xrpc/"+nsid, bytes.NewReader(b))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", nsid, body)
-		var out map[string]any
-		_ = json.Unmarshal(body, &out)
-		return out
-	}
+	post := func(nsid, token string, in any) map[string]any { return postOK(t, ts.URL, nsid, token, in) }
 	acct := post("com.atproto.server.createAccount", "", map[string]any{"handle": "alice.test", "email": "alice@example.com", "password": "alice password"})
 	post("com.atproto.server.requestEmailConfirmation", acct["accessJwt"].(string), nil)
 

@@ -29,10 +29,7 @@ var backupFlags = []string{"data-dir", "database-url", "blob-dir", "blob-s3-buck
 
 // runBackup is `bulwark backup [--out DIR | -]`.
 func runBackup(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg := config.DefaultConfig()
-	cfg.RegisterFlags(fs)
+	fs, cfg := settingsFlags("backup", stderr)
 	out := fs.String("out", "", `directory to write the backup into (new or empty), or "-" for a tar stream on stdout (default: ./bulwark-backup-<UTC time>)`)
 	binDir := fs.String("pg-bin-dir", os.Getenv("BULWARK_PG_BIN_DIR"), "directory of pg_dump (default: where the Postgres programs are found) [$BULWARK_PG_BIN_DIR]")
 	fs.Usage = func() {
@@ -48,7 +45,7 @@ Flags:
 `)
 		printSomeFlags(fs, append([]string{"out", "pg-bin-dir"}, backupFlags...))
 	}
-	if code, ok := parseBackupFlags(fs, cfg, args); !ok {
+	if code, ok := parseSettings(fs, cfg, args); !ok {
 		return code
 	}
 	if *out == "" {
@@ -71,26 +68,6 @@ Flags:
 	}
 	printManifest(report, "backed up to "+where, m)
 	return 0
-}
-
-// parseBackupFlags parses and finalizes; ok is false when the command must
-// exit with code.
-func parseBackupFlags(fs *flag.FlagSet, cfg *config.Config, args []string) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "bulwark %s: unexpected arguments %q\n", fs.Name(), fs.Args())
-		return 2, false
-	}
-	if err := cfg.Finalize(); err != nil {
-		fmt.Fprintln(fs.Output(), "bulwark:", err)
-		return 2, false
-	}
-	return 0, true
 }
 
 // printSomeFlags prints the usage of the named flags only.

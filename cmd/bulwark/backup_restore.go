@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -24,10 +23,7 @@ const restoreStagingDir = ".restore-staging"
 // runRestore is `bulwark restore --from DIR|-`. stdin is the tar stream for
 // --from -.
 func runRestore(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("restore", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg := config.DefaultConfig()
-	cfg.RegisterFlags(fs)
+	fs, cfg := settingsFlags("restore", stderr)
 	from := fs.String("from", "", `the backup: a directory written by bulwark backup, or "-" for its tar stream on stdin`)
 	force := fs.Bool("force", false, "restore into a data dir or database that is not empty: the backup's tables are dropped and recreated, its blobs and secrets written over what is there")
 	binDir := fs.String("pg-bin-dir", os.Getenv("BULWARK_PG_BIN_DIR"), "directory of pg_restore (default: where the Postgres programs are found) [$BULWARK_PG_BIN_DIR]")
@@ -45,7 +41,7 @@ Flags:
 `)
 		printSomeFlags(fs, append([]string{"from", "force", "pg-bin-dir"}, backupFlags...))
 	}
-	if code, ok := parseBackupFlags(fs, cfg, args); !ok {
+	if code, ok := parseSettings(fs, cfg, args); !ok {
 		return code
 	}
 	if *from == "" {

@@ -10,10 +10,6 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 )
 
-// defaultAdminURL is where `bulwark admin` looks for the server unless
-// told otherwise (its --url).
-const defaultAdminURL = "http://127.0.0.1:2583"
-
 // startInfo is what the start banner tells an operator: where the server
 // is, where its secrets are, which PLC directory it uses, who may sign up,
 // and the command that makes the first account.
@@ -73,11 +69,12 @@ func programName() string {
 }
 
 // adminURL is the URL of a server listening on listen, as seen from the
-// same machine: a wildcard address is reached through loopback.
+// same machine: a wildcard address is reached through loopback; no (or an
+// unusable) listen address is DefaultAdminURL.
 func adminURL(listen string) string {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return defaultAdminURL
+		return DefaultAdminURL
 	}
 	switch host {
 	case "", "0.0.0.0":
@@ -94,7 +91,7 @@ func adminURL(listen string) string {
 func (i startInfo) firstAccountCommand() string {
 	var b strings.Builder
 	b.WriteString(i.Program + " admin")
-	if i.AdminURL != defaultAdminURL {
+	if i.AdminURL != DefaultAdminURL {
 		b.WriteString(" --url " + i.AdminURL)
 	}
 	if i.DataDir != i.DefaultDataDir && i.adminPasswordFile() != "" {

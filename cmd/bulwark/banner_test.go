@@ -17,7 +17,7 @@ func TestBannerText(t *testing.T) {
 		{Flag: "plc-rotation-key", Path: "/srv/data/secrets/plc-rotation-key"},
 	}
 	local := startInfo{
-		Program: "bulwark", URL: "http://localhost:2583", AdminURL: defaultAdminURL,
+		Program: "bulwark", URL: "http://localhost:2583", AdminURL: DefaultAdminURL,
 		DataDir: "/srv/data", DefaultDataDir: "/srv/data",
 		DevPLC: true, PLCURL: "http://localhost:2583", SecretFiles: secrets, HandleDomain: ".test",
 	}

@@ -90,14 +90,11 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, cfg := settingsFlags("migrate", stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: bulwark migrate [flags] up|status\n\nThe database is chosen as for serve: --database-url, else the managed cluster in --data-dir.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	cfg := config.DefaultConfig()
-	cfg.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -37,27 +36,13 @@ const stopTimeout = time.Minute
 // requests in flight (up to --shutdown-timeout), close the pool, stop the
 // managed Postgres last.
 func runServe(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs, cfg := settingsFlags("serve", stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: bulwark serve [flags]\n\nEvery flag can also be set by the environment variable shown in brackets;\na flag wins over the environment.\n\nFlags:")
 		fs.PrintDefaults()
 	}
-	cfg := config.DefaultConfig()
-	cfg.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "bulwark serve: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if err := cfg.Finalize(); err != nil {
-		fmt.Fprintln(stderr, "bulwark:", err)
-		return 2
+	if code, ok := parseSettings(fs, cfg, args); !ok {
+		return code
 	}
 	logger := cfg.NewLogger(stderr)
 	slog.SetDefault(logger)

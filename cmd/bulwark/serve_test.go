@@ -161,51 +161,11 @@ func TestServeLifecycle(t *testing.T) {
 	)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 
-	start := func(name string) *proc {
-		t.Helper()
-		p := &proc{cmd: exec.Command(bin, "serve"), done: make(chan struct{})}
-		p.cmd.Env = env
-		p.cmd.Stdout = &p.logs
-		p.cmd.Stderr = &p.logs
-		require.NoError(t, p.cmd.Start(), name)
-		go func() {
-			_ = p.cmd.Wait()
-			close(p.done)
-		}()
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		limit := time.After(waitLimit)
-		for {
-			if d, ok := describe(base); ok {
-				require.Equal(t, "did:web:localhost%3A"+strconv.Itoa(port), d.DID, name)
-				return p
-			}
-			select {
-			case <-p.done:
-				t.Fatalf("%s: bulwark exited (%v); logs:\n%s", name, p.cmd.ProcessState, p.logs.String())
-			case <-limit:
-				_ = p.cmd.Process.Kill()
-				t.Fatalf("%s: describeServer never answered; logs:\n%s", name, p.logs.String())
-			case <-tick.C:
-			}
-		}
-	}
-	stop := func(name string, p *proc) {
-		t.Helper()
-		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-		p.wait(t)
-		require.True(t, p.cmd.ProcessState.Success(), "%s: exit %v; logs:\n%s", name, p.cmd.ProcessState, p.logs.String())
-		require.Contains(t, p.logs.String(), "http server stopped")
-	}
-	secret := func() string {
-		b, err := os.ReadFile(filepath.Join(dataDir, config.SecretsDir, "admin-password"))
-		require.NoError(t, err)
-		return string(b)
-	}
+	lc := &lifecycle{t: t, bin: bin, env: env, base: base, port: port, dataDir: dataDir}
 
 	// First start: initdb, migrate, secrets generated.
-	p := start("first start")
-	pw := secret()
+	p := lc.start("first start")
+	pw := lc.secret()
 
 	// A second server on the same data dir (another port) stops at the
 	// cluster's lock, before touching it; the first one keeps serving.
@@ -217,15 +177,15 @@ func TestServeLifecycle(t *testing.T) {
 	require.NotContains(t, string(out), "initialised postgres cluster")
 	_, ok := describe(base)
 	require.True(t, ok, "the first server still answers")
-	stop("first start", p)
+	lc.stop("first start", p)
 	status := runMigrateStatus(t, bin, env)
 	require.Contains(t, status, "00001")
 	require.NotContains(t, status, "pending")
 
 	// Clean restart: same cluster, same secrets, nothing re-applied.
-	p = start("restart")
+	p = lc.start("restart")
 	require.NotContains(t, p.logs.String(), "initialised postgres cluster")
-	require.Equal(t, pw, secret())
+	require.Equal(t, pw, lc.secret())
 	// kill -9: the postmaster survives as an orphan and pid files stay.
 	require.NoError(t, p.cmd.Process.Kill())
 	p.wait(t)
@@ -234,11 +194,70 @@ func TestServeLifecycle(t *testing.T) {
 	require.NoError(t, syscall.Kill(orphan, 0), "the postmaster outlives its parent")
 
 	// Start after the crash: the orphan is dealt with, the data is intact.
-	p = start("start after kill -9")
-	require.Equal(t, pw, secret())
+	p = lc.start("start after kill -9")
+	require.Equal(t, pw, lc.secret())
 	require.NotEqual(t, orphan, postmasterPid(t, dataDir), "a new postmaster replaced the orphan")
-	stop("start after kill -9", p)
+	lc.stop("start after kill -9", p)
 	require.Equal(t, status, runMigrateStatus(t, bin, env), "migrations applied once, at the first start")
+}
+
+// lifecycle runs the built binary on one data dir and port.
+type lifecycle struct {
+	t       *testing.T
+	bin     string
+	env     []string
+	base    string
+	port    int
+	dataDir string
+}
+
+// start runs serve and waits until describeServer answers.
+func (lc *lifecycle) start(name string) *proc {
+	t := lc.t
+	t.Helper()
+	p := &proc{cmd: exec.Command(lc.bin, "serve"), done: make(chan struct{})}
+	p.cmd.Env = lc.env
+	p.cmd.Stdout = &p.logs
+	p.cmd.Stderr = &p.logs
+	require.NoError(t, p.cmd.Start(), name)
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(waitLimit)
+	for {
+		if d, ok := describe(lc.base); ok {
+			require.Equal(t, "did:web:localhost%3A"+strconv.Itoa(lc.port), d.DID, name)
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s: bulwark exited (%v); logs:\n%s", name, p.cmd.ProcessState, p.logs.String())
+		case <-limit:
+			_ = p.cmd.Process.Kill()
+			t.Fatalf("%s: describeServer never answered; logs:\n%s", name, p.logs.String())
+		case <-tick.C:
+		}
+	}
+}
+
+// stop sends SIGTERM and requires a clean exit.
+func (lc *lifecycle) stop(name string, p *proc) {
+	t := lc.t
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.wait(t)
+	require.True(t, p.cmd.ProcessState.Success(), "%s: exit %v; logs:\n%s", name, p.cmd.ProcessState, p.logs.String())
+	require.Contains(t, p.logs.String(), "http server stopped")
+}
+
+// secret is the admin password kept in the data dir.
+func (lc *lifecycle) secret() string {
+	b, err := os.ReadFile(filepath.Join(lc.dataDir, config.SecretsDir, "admin-password"))
+	require.NoError(lc.t, err)
+	return string(b)
 }
 
 type describeOutput struct {

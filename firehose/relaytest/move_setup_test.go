@@ -36,7 +36,7 @@ import (
 
 // moveAdminPassword is the administrator password of the servers an
 // account moves between.
-const moveAdminPassword = "move-test-admin"
+const moveAdminPassword = "move-test-admin-password"
 
 // bulwark is a whole Bulwark server (accounts, repositories, firehose)
 // served on localhost:PORT, as `bulwark serve` wires it, with its mail

@@ -3,7 +3,6 @@ package relaytest
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log"
 	"log/slog"
@@ -35,6 +34,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/eventlog/eventlogtest"
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 	"github.com/bulwark-pds/bulwark/pds"
@@ -189,44 +189,16 @@ func (e *repairEnv) seqOf(t *testing.T, ctx context.Context, rev string) int64 {
 }
 
 // inflate rewrites a stored #commit so its blocks carry a filler block of n
-// bytes after the real ones: its frame then exceeds what relays read. (The
-// signed commit stays the first root, so a #sync made from it is genuine.)
-// cbor-gen will not encode byte strings over 2 MiB, so the new blocks are
-// spliced into the body by hand.
+// bytes after the real ones: its frame then exceeds what relays read.
 func inflate(t *testing.T, pool *pgxpool.Pool, where string, arg int64, n int) {
 	t.Helper()
 	ctx := context.Background()
-	var ev eventlog.Event
-	ev.Kind = eventlog.KindCommit
-	require.NoError(t, pool.QueryRow(ctx, "SELECT id, body, seq_offset FROM events WHERE "+where, arg).Scan(&arg, &ev.Body, &ev.SeqOffset))
-	frame := eventlog.AppendFrame(nil, ev.Kind, ev.Body, ev.SeqOffset, 0)
-	r := bytes.NewReader(frame)
-	var hdr stream.EventHeader
-	require.NoError(t, hdr.UnmarshalCBOR(r))
-	var c comatproto.SyncSubscribeRepos_Commit
-	require.NoError(t, c.UnmarshalCBOR(r))
-	blocks := append([]byte{}, c.Blocks...)
-	filler := bytes.Repeat([]byte{0xa0}, n)
-	blocks = binary.AppendUvarint(blocks, uint64(len(fillerCID)+len(filler)))
-	blocks = append(append(blocks, fillerCID...), filler...)
-
-	marker := []byte("BLOCKS-PLACEHOLDER:") // under 24 bytes: a one-byte head
-	c.Blocks = marker
-	enc, err := eventlog.EncodeCommit(&c)
-	require.NoError(t, err)
-	at := bytes.Index(enc.Body, marker) - 1
-	body := append([]byte{}, enc.Body[:at]...)
-	body = append(body, 0x5a)
-	body = binary.BigEndian.AppendUint32(body, uint32(len(blocks)))
-	body = append(body, blocks...)
-	body = append(body, enc.Body[at+1+len(marker):]...)
-	_, err = pool.Exec(ctx, "UPDATE events SET body = $2, seq_offset = $3, blocks_len = $4 WHERE id = $1", arg, body, enc.SeqOffset, len(blocks))
+	var stored []byte
+	require.NoError(t, pool.QueryRow(ctx, "SELECT id, body FROM events WHERE "+where, arg).Scan(&arg, &stored))
+	body, seqOffset, blocksLen := eventlogtest.InflateCommit(t, stored, n)
+	_, err := pool.Exec(ctx, "UPDATE events SET body = $2, seq_offset = $3, blocks_len = $4 WHERE id = $1", arg, body, seqOffset, blocksLen)
 	require.NoError(t, err)
 }
-
-// fillerCID is a raw-codec CIDv1 (sha2-256) header for the filler block;
-// nothing reads the block, so its digest need not match.
-var fillerCID = append([]byte{0x01, 0x55, 0x12, 0x20}, make([]byte, 32)...)
 
 // naiveRelay consumes like indigo's relay at its worst: a frame over the
 // read limit drops the connection, and it redials at once with the same

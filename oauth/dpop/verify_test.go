@@ -8,38 +8,20 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/internal/testclock"
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
 	"github.com/bulwark-pds/bulwark/oauth/dpop/dpoptest"
 )
 
 const target = "https://pds.example.com/oauth/token"
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newVerifier(capacity int) (*dpop.Verifier, *clock) {
-	clk := &clock{t: time.Now()}
+func newVerifier(capacity int) (*dpop.Verifier, *testclock.Clock) {
+	clk := testclock.New(time.Now())
 	v := dpop.NewVerifier(dpop.Config{Secret: []byte("0123456789abcdef0123456789abcdef"), Now: clk.Now, ReplayCapacity: capacity})
 	return v, clk
 }
@@ -135,14 +117,14 @@ func TestNonceRotation(t *testing.T) {
 	k := dpoptest.NewKey()
 	req := dpop.Request{Method: "POST", URL: target}
 	old := v.Nonce()
-	clk.Add(dpop.DefaultNonceRotation)
+	clk.Advance(dpop.DefaultNonceRotation)
 	require.NotEqual(t, old, v.Nonce(), "the nonce changes every window")
 
 	// The previous window's nonce is still accepted...
 	_, err := v.Verify(k.Proof(dpoptest.Claims{Method: "POST", URL: target, Nonce: old, IssuedAt: clk.Now()}), req)
 	require.NoError(t, err)
 	// ...but not once two windows have passed (it would be over 4 minutes old).
-	clk.Add(dpop.DefaultNonceRotation)
+	clk.Advance(dpop.DefaultNonceRotation)
 	_, err = v.Verify(k.Proof(dpoptest.Claims{Method: "POST", URL: target, Nonce: old, IssuedAt: clk.Now()}), req)
 	require.ErrorIs(t, err, dpop.ErrUseNonce)
 }
@@ -165,7 +147,7 @@ func TestReplayMemoryIsBounded(t *testing.T) {
 	require.True(t, errors.Is(err, dpop.ErrReplay))
 
 	// Expired ids are dropped: after the acceptance window nothing is kept.
-	clk.Add(dpop.DefaultMaxAge + dpop.DefaultLeeway + time.Second)
+	clk.Advance(dpop.DefaultMaxAge + dpop.DefaultLeeway + time.Second)
 	_, err = v.Verify(k.Proof(dpoptest.Claims{Method: "POST", URL: target, Nonce: v.Nonce(), IssuedAt: clk.Now()}), req)
 	require.NoError(t, err)
 	require.Equal(t, 1, dpop.ReplayLen(v))
