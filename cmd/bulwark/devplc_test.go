@@ -192,9 +192,9 @@ func TestDevPLCStaysLocal(t *testing.T) {
 	require.Contains(t, logs, "admin --url http://127.0.0.1:"+strconv.Itoa(port)+" --data-dir "+dataDir+" account create --handle alice.test --email alice@example.com")
 	require.NotContains(t, logs, "firehose-max-subscribers", "the full configuration is not logged at info")
 
-	status, out := createAccount(t, base, "alice.test")
-	require.Equal(t, http.StatusOK, status, "%v\n%s", out, p.logs.String())
-	did := out["did"].(string)
+	// The first-account command, run exactly as the banner prints it,
+	// makes an account whose printed password logs in.
+	did := runFirstAccountCommand(t, bin, logs, base)
 	resp, err := http.Get(base + "/" + did)
 	require.NoError(t, err)
 	var doc struct {
@@ -223,9 +223,44 @@ func TestDevPLCStaysLocal(t *testing.T) {
 		"BULWARK_DATABASE_URL="+dbtest.NewURL(t), "BULWARK_DATA_DIR="+filepath.Join(t.TempDir(), "data"),
 		"BULWARK_LISTEN=127.0.0.1:"+strconv.Itoa(port2), "BULWARK_HOSTNAME=pds.example.com",
 		"BULWARK_PLC_URL=https://plc.example.com", "BULWARK_INVITE_REQUIRED=false"))
-	status, out = createAccount(t, "http://127.0.0.1:"+strconv.Itoa(port2), "bob.pds.example.com")
+	status, out := createAccount(t, "http://127.0.0.1:"+strconv.Itoa(port2), "bob.pds.example.com")
 	require.Equal(t, http.StatusBadGateway, status, "%v", out)
 	n, first = proxy.seen()
 	require.Equal(t, 1, n)
 	require.Contains(t, first, "plc.example.com:443")
+}
+
+// runFirstAccountCommand finds the banner's "First account:" line in logs,
+// runs that command as a user would (from a shell, split on spaces), and
+// logs in at base with the handle and password it prints. It
+// returns the account's DID.
+func runFirstAccountCommand(t *testing.T, bin, logs, base string) string {
+	t.Helper()
+	var line string
+	for _, l := range strings.Split(logs, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "First account:"); ok {
+			line = strings.TrimSpace(rest)
+		}
+	}
+	args := strings.Fields(line)
+	// The banner names the binary as it was started (here bin's path).
+	require.True(t, len(args) > 1 && args[0] == bin, "no first-account command for %s in the banner:\n%s", bin, logs)
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%s: %s", line, out)
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), " "); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	require.NotEmpty(t, fields["Password"], "%s", out)
+	body, _ := json.Marshal(map[string]string{"identifier": fields["Handle"], "password": fields["Password"]})
+	resp, err := http.Post(base+"/xrpc/com.atproto.server.createSession", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var sess struct{ DID string }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&sess))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, fields["DID"], sess.DID)
+	return sess.DID
 }
