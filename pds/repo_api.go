@@ -161,22 +161,24 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, auth *writeAuth,
 	return res, err
 }
 
+// foreground marks a write in flight ("writes first", package priority)
+// until the returned function is called: background streams (getRepo
+// exports, blob downloads, firehose backfill) pause meanwhile. Write
+// handlers enter it once the request body has been read and the caller
+// authorised, and leave once they have answered, so the record's
+// validation, the commit and the answer all go first, while a client
+// trickling its request body holds nothing back.
+func (s *Server) foreground() (leave func()) { return s.priority.Enter() }
+
 // applyGuarded is repo.Engine.ApplyGuarded for the write handlers: it
 // charges the account's write points first (429 before any database work)
 // and counts the commit once it is durable.
 //
-// The commit is foreground work ("writes first", package priority):
-// background streams (getRepo exports, blob downloads) pause while it is
-// in flight. Only the commit: the body has been read, parsed and
-// authorised by now, so a client trickling its request cannot hold every
-// download back.
 func (s *Server) applyGuarded(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid, guard *repo.Guard) (*repo.CommitResult, error) {
 	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
 		return nil, err
 	}
-	leave := s.priority.Enter()
 	res, err := s.repo.ApplyGuarded(r.Context(), did, writes, swapCommit, guard)
-	leave()
 	if err == nil {
 		metrics.Commits.Inc()
 	}
@@ -225,6 +227,7 @@ func (s *Server) handleCreateRecord(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
+	defer s.foreground()()
 	rec, status, err := parseRecord(t.collection, in.Record, in.Validate)
 	if err != nil {
 		return err
@@ -261,6 +264,7 @@ func (s *Server) handlePutRecord(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	defer s.foreground()()
 	rec, status, err := parseRecord(t.collection, in.Record, in.Validate)
 	if err != nil {
 		return err
@@ -303,6 +307,7 @@ func (s *Server) handleDeleteRecord(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
+	defer s.foreground()()
 	res, err := s.commit(w, r, t.auth, []repo.Write{{
 		Action: repo.ActionDelete, Collection: t.collection, RKey: t.rkey, SwapRecord: t.swapRecord,
 	}}, t.swapCommit)
@@ -354,6 +359,7 @@ func (s *Server) handleApplyWrites(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	defer s.foreground()()
 	if len(in.Writes) > limits.MaxCommitOps {
 		return InvalidRequest("too many writes: %d; the limit is %d per request", len(in.Writes), limits.MaxCommitOps)
 	}
