@@ -212,9 +212,12 @@ func newOutbound(opts Options, logger *slog.Logger) *outbound.Client {
 	return outbound.New(outbound.Config{AllowCIDRs: opts.Config.ProxyAllowPrivate, Logger: logger})
 }
 
-// newDirectory resolves handles not hosted here (DNS, then the HTTPS
-// well-known) and did:web documents through web, and did:plc at the
-// configured PLC directory, with a cache.
+// newDirectory is the server's one identity directory, with one cache:
+// handles not hosted here (DNS, then the HTTPS well-known) and did:web
+// documents through web, did:plc at the configured PLC directory. It
+// serves resolveHandle, the service-auth validator and the service proxy;
+// none of them needs a DID's declared handle verified, so LookupDID does
+// not spend a handle resolution on it.
 func newDirectory(cfg *config.Config, web *outbound.Client, logger *slog.Logger) *outbound.Directory {
-	return outbound.NewDirectory(outbound.DirectoryConfig{PLCURL: cfg.PLCURL, Logger: logger}, web)
+	return outbound.NewDirectory(outbound.DirectoryConfig{PLCURL: cfg.PLCURL, SkipHandleVerification: true, Logger: logger}, web)
 }

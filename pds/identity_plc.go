@@ -3,17 +3,16 @@ package pds
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http"
 
 	"github.com/bluesky-social/indigo/atproto/auth"
+	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/email"
-	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/plc"
 )
 
@@ -41,12 +40,7 @@ func (s *Server) registerPLCRoutes() {
 // (did:web). indigo's validator purges a cached document and resolves it
 // again when a signature does not verify, so a key that just changed is
 // picked up.
-func newServiceAuthValidator(cfg *config.Config, logger *slog.Logger) *auth.ServiceAuthValidator {
-	dir := outbound.NewDirectory(outbound.DirectoryConfig{
-		PLCURL:                 cfg.PLCURL,
-		SkipHandleVerification: true,
-		Logger:                 logger,
-	}, nil)
+func newServiceAuthValidator(cfg *config.Config, dir identity.Directory) *auth.ServiceAuthValidator {
 	return &auth.ServiceAuthValidator{Audience: cfg.ServiceDID(), Dir: dir}
 }
 

@@ -30,12 +30,11 @@ const proxyTransportBound = 1 << 62
 
 // newProxy builds the service proxy from opts, or nil when opts has no
 // outbound client (then methods served elsewhere answer 501).
-func newProxy(opts Options, logger *slog.Logger) (*proxy.Proxy, error) {
+func newProxy(opts Options, dir *outbound.Directory, logger *slog.Logger) (*proxy.Proxy, error) {
 	if opts.Outbound == nil {
 		return nil, nil
 	}
 	cfg := opts.Config
-	dir := outbound.NewDirectory(outbound.DirectoryConfig{PLCURL: cfg.PLCURL, SkipHandleVerification: true, Logger: logger}, opts.Outbound)
 	pc := proxy.Config{
 		AppViewURL:    cfg.AppViewURL,
 		AppViewDID:    syntax.DID(cfg.AppViewDID),

@@ -173,7 +173,6 @@ func (s *Server) foreground() (leave func()) { return s.priority.Enter() }
 // applyGuarded is repo.Engine.ApplyGuarded for the write handlers: it
 // charges the account's write points first (429 before any database work)
 // and counts the commit once it is durable.
-//
 func (s *Server) applyGuarded(w http.ResponseWriter, r *http.Request, did syntax.DID, writes []repo.Write, swapCommit *cid.Cid, guard *repo.Guard) (*repo.CommitResult, error) {
 	if err := s.rateLimit(w, ratelimit.PolicyRepoWrite, did.String(), writePoints(writes)); err != nil {
 		return nil, err

@@ -250,10 +250,11 @@ func New(opts Options) (*Server, error) {
 		s.bodyRate = *opts.bodyRate
 	}
 	s.outbound = newOutbound(opts, logger)
-	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, newDirectory(opts.Config, s.outbound, logger)
-	s.serviceAuth = newServiceAuthValidator(opts.Config, logger)
+	dir := newDirectory(opts.Config, s.outbound, logger)
+	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, dir
+	s.serviceAuth = newServiceAuthValidator(opts.Config, dir)
 	s.blobs = opts.Blobs
-	p, err := newProxy(opts, logger)
+	p, err := newProxy(opts, dir, logger)
 	if err != nil {
 		return nil, err
 	}
