@@ -61,23 +61,6 @@ func TestAdminCLI(t *testing.T) {
 	require.Contains(t, errOut2.String(), "AuthenticationRequired")
 }
 
-// TestAdminURLFromEnv: with the server's environment, admin reaches the
-// server's own listener.
-func TestAdminURLFromEnv(t *testing.T) {
-	for _, tt := range []struct{ adminURL, listen, want string }{
-		{"", "", DefaultAdminURL},
-		{"", "127.0.0.1:9000", "http://127.0.0.1:9000"},
-		{"", "0.0.0.0:2583", "http://127.0.0.1:2583"},
-		{"", ":2583", "http://127.0.0.1:2583"},
-		{"", "[::]:2583", "http://[::1]:2583"},
-		{"https://pds.example.com", "127.0.0.1:9000", "https://pds.example.com"},
-	} {
-		t.Setenv("BULWARK_ADMIN_URL", tt.adminURL)
-		t.Setenv("BULWARK_LISTEN", tt.listen)
-		require.Equal(t, tt.want, adminURLFromEnv(), "%+v", tt)
-	}
-}
-
 // TestAdminHelpHidesPassword: -h shows flag defaults, never a password
 // given on the command line.
 func TestAdminHelpHidesPassword(t *testing.T) {
