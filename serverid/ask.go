@@ -18,9 +18,9 @@ const AskPath = "/tls-ask"
 var qHostsHandle = queries.MustGet("HostsHandle")
 
 // AskHandler answers AskPath?domain=NAME: 200 when NAME is the server's
-// host name (hostname, its port ignored) or the handle of an account here
-// that is not taken down, 404 for any other name, 400 for what is no host
-// name at all. Each answer costs at most one indexed read; allow is asked
+// host name (hostname, its port ignored) or the handle of an active
+// account here (the names /.well-known/atproto-did answers for), 404 for
+// any other name, 400 for what is no host name at all. Each answer costs at most one indexed read; allow is asked
 // first and refuses by writing its own answer. The answer says no more
 // than the name's /.well-known/atproto-did does.
 func AskHandler(q db.DBTX, hostname string, allow func(http.ResponseWriter, *http.Request) bool) http.Handler {

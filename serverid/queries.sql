@@ -16,6 +16,7 @@ SELECT EXISTS (SELECT 1 FROM accounts);
 SELECT did FROM accounts WHERE status = 'active' ORDER BY created_at DESC LIMIT 1;
 
 -- name: HostsHandle
--- Whether an account that is not taken down has this handle (lower case):
--- one lookup in the handle's unique index.
-SELECT EXISTS (SELECT 1 FROM accounts WHERE handle = $1 AND status <> 'takendown');
+-- Whether an active account has this handle (lower case), as
+-- /.well-known/atproto-did answers for: one lookup in the handle's
+-- unique index.
+SELECT EXISTS (SELECT 1 FROM accounts WHERE handle = $1 AND status = 'active');
