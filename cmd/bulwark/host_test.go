@@ -23,13 +23,20 @@ import (
 // it serves; it returns the log.
 func serveRefused(t *testing.T, dataDir, databaseURL, plcURL, hostname string) string {
 	t.Helper()
-	args := []string{"serve", "--listen", "127.0.0.1:" + strconv.Itoa(freePort(t)), "--hostname", hostname,
-		"--data-dir", dataDir, "--database-url", databaseURL, "--plc-url", plcURL, "--log-format", "text"}
+	return serveRefusedArgs(t, "--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)), "--hostname", hostname,
+		"--data-dir", dataDir, "--database-url", databaseURL, "--plc-url", plcURL, "--log-format", "text")
+}
+
+// serveRefusedArgs runs `bulwark serve args...` and requires it to stop
+// with exit code 1 before it serves (one that serves is stopped and fails
+// the test); it returns the log.
+func serveRefusedArgs(t *testing.T, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan int, 1)
 	logs := &syncbuf.Buffer{}
-	go func() { done <- run(ctx, args, io.Discard, logs) }()
+	go func() { done <- run(ctx, append([]string{"serve"}, args...), io.Discard, logs) }()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	limit := time.After(waitLimit)
@@ -42,7 +49,7 @@ func serveRefused(t *testing.T, dataDir, databaseURL, plcURL, hostname string) s
 			if strings.Contains(logs.String(), "msg=serving") {
 				cancel()
 				<-done
-				t.Fatalf("serve started under %s: %s", hostname, logs.String())
+				t.Fatalf("serve %v started: %s", args, logs.String())
 			}
 		case <-limit:
 			t.Fatalf("serve neither served nor stopped: %s", logs.String())
@@ -89,8 +96,7 @@ func TestBackupRecordsTheServersHost(t *testing.T) {
 // TestHostCheckReadsDIDDocuments: a database that records no host (made
 // before the record existed) is checked against the DID document of its
 // newest account; a server under another name is refused, one under the
-// right name records it. Restarted with accounts, the banner lists them
-// rather than proposing a first one.
+// right name records it.
 func TestHostCheckReadsDIDDocuments(t *testing.T) {
 	t.Parallel()
 	_, plc := plctest.NewServer(t)
@@ -111,10 +117,26 @@ func TestHostCheckReadsDIDDocuments(t *testing.T) {
 	require.Contains(t, logs, "the DID document of "+acct.DID)
 	require.Contains(t, logs, "http://"+s.hostname)
 
-	again := startLiveServer(t, serverOptions{dataDir: s.dataDir, databaseURL: s.databaseURL, hostname: s.hostname, plcURL: plc.URL})
+	startLiveServer(t, serverOptions{dataDir: s.dataDir, databaseURL: s.databaseURL, hostname: s.hostname, plcURL: plc.URL})
 	var host string
 	require.NoError(t, conn.QueryRow(ctx, "SELECT hostname FROM server_identity").Scan(&host))
 	require.Equal(t, s.hostname, host)
-	require.NotContains(t, again.logs.String(), "First account:")
-	require.Contains(t, again.logs.String(), "Accounts:       bulwark admin --data-dir "+s.dataDir+" account list")
+}
+
+// TestBannerAfterFirstAccount: the start banner proposes the first
+// account only while there is none; restarted with accounts, it lists
+// them.
+func TestBannerAfterFirstAccount(t *testing.T) {
+	t.Parallel()
+	_, plc := plctest.NewServer(t)
+	s := startLiveServer(t, serverOptions{plcURL: plc.URL})
+	require.Contains(t, s.logs.String(), "First account:")
+	s.admin(t, "account", "create", "--handle", "alice", "--email", "alice@example.com")
+	s.stop(t)
+
+	again := startLiveServer(t, serverOptions{dataDir: s.dataDir, databaseURL: s.databaseURL, hostname: s.hostname, plcURL: plc.URL})
+	logs := again.logs.String()
+	require.NotContains(t, logs, "First account:")
+	require.NotContains(t, logs, "alice@example.com")
+	require.Contains(t, logs, "Accounts:       bulwark admin --data-dir "+s.dataDir+" account list")
 }

@@ -111,17 +111,13 @@ func TestBusyMetricsPortFailsFirst(t *testing.T) {
 func TestDataDirLockExternalDatabase(t *testing.T) {
 	t.Parallel()
 	s := startLiveServer(t, serverOptions{})
-	before, err := os.ReadFile(filepath.Join(s.dataDir, serverid.RuntimeFile))
-	require.NoError(t, err)
 
-	var out bytes.Buffer
-	code := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.dataDir,
-		"--database-url", dbtest.NewURL(t), "--log-format", "text"}, &out, &out)
-	require.Equal(t, 1, code, out.String())
-	require.Contains(t, out.String(), "data dir "+s.dataDir+" is in use by another bulwark server (pid "+strconv.Itoa(os.Getpid())+")")
+	logs := serveRefusedArgs(t, "--listen", "127.0.0.1:0", "--data-dir", s.dataDir,
+		"--database-url", dbtest.NewURL(t), "--log-format", "text")
+	require.Contains(t, logs, "data dir "+s.dataDir+" is in use by another bulwark server (pid "+strconv.Itoa(os.Getpid())+")")
 
-	after, err := os.ReadFile(filepath.Join(s.dataDir, serverid.RuntimeFile))
+	rt, err := serverid.ReadRuntime(s.dataDir)
 	require.NoError(t, err)
-	require.Equal(t, string(before), string(after), "the running server's record is untouched")
+	require.Equal(t, s.url, rt.AdminURL, "the running server's record is untouched")
 	require.Contains(t, s.admin(t, "account", "list"), "HANDLE")
 }
