@@ -17,7 +17,7 @@ var (
 	qRecordedHost  = queries.MustGet("RecordedHost")
 	qRecordHost    = queries.MustGet("RecordHost")
 	qHasAccounts   = queries.MustGet("HasAccounts")
-	qSampleAccount = queries.MustGet("SampleAccount")
+	qSampleAccounts = queries.MustGet("SampleAccounts")
 )
 
 // Host is the host name a database's accounts are served under.
@@ -59,9 +59,12 @@ type Resolver func(ctx context.Context, did string) (string, error)
 //   - a recorded host must match, unless the database has no accounts
 //     (then the new host is recorded);
 //   - with none recorded (a database from before the record) and
-//     accounts, the newest active account's DID document must point at
-//     want.PublicURL; it is recorded when it does. A resolution that
-//     fails leaves nothing recorded and returns the reason in warning.
+//     accounts, the DID document of one of the newest active accounts
+//     (sampleSize of them, so that one that moved away without being
+//     deactivated here is no false alarm) must point at want.PublicURL;
+//     it is recorded when one does. When none does, the server is
+//     refused; when a resolution fails before any matched, nothing is
+//     recorded and the reason comes back in warning.
 //
 // A mismatch is an error wrapping ErrHostMismatch.
 func CheckHost(ctx context.Context, q db.DBTX, want Host, resolve Resolver) (warning string, err error) {
@@ -84,23 +87,49 @@ func CheckHost(ctx context.Context, q db.DBTX, want Host, resolve Resolver) (war
 			"start it with BULWARK_HOSTNAME=%s (--hostname): under another name every account would point clients at a server that is not this one",
 			ErrHostMismatch, rec.Hostname, rec.PublicURL, want.Hostname, rec.Hostname)
 	}
-	var did string
-	if err := q.QueryRow(ctx, qSampleAccount).Scan(&did); err != nil {
-		if errors.Is(db.Translate(err), db.ErrNotFound) {
-			return "no active account to check the host name against", nil
-		}
-		return "", db.Translate(err)
-	}
-	endpoint, err := resolve(ctx, did)
+	dids, err := sampleAccounts(ctx, q)
 	if err != nil {
-		return fmt.Sprintf("could not check the host name against %s's DID document: %v", did, err), nil
+		return "", err
 	}
-	if !sameBase(endpoint, want.PublicURL) {
-		return "", fmt.Errorf("%w: the DID document of %s, an account here, names %s as its PDS, and this server's URL is %s (BULWARK_HOSTNAME=%s); "+
-			"start it with the host name of that URL",
-			ErrHostMismatch, did, endpoint, want.PublicURL, want.Hostname)
+	if len(dids) == 0 {
+		return "no active account to check the host name against", nil
 	}
-	return "", RecordHost(ctx, q, want)
+	var mismatch string
+	for _, did := range dids {
+		endpoint, err := resolve(ctx, did)
+		if err != nil {
+			return fmt.Sprintf("could not check the host name against %s's DID document: %v", did, err), nil
+		}
+		if sameBase(endpoint, want.PublicURL) {
+			return "", RecordHost(ctx, q, want)
+		}
+		if mismatch == "" {
+			mismatch = fmt.Sprintf("the DID document of %s, an account here, names %s as its PDS", did, endpoint)
+		}
+	}
+	return "", fmt.Errorf("%w: %s (and no DID document of the %d newest active accounts names this server), and this server's URL is %s (BULWARK_HOSTNAME=%s); "+
+		"start it with the host name of the accounts' URL",
+		ErrHostMismatch, mismatch, len(dids), want.PublicURL, want.Hostname)
+}
+
+// sampleSize is how many accounts CheckHost resolves at most.
+const sampleSize = 5
+
+func sampleAccounts(ctx context.Context, q db.DBTX) ([]string, error) {
+	rows, err := q.Query(ctx, qSampleAccounts, sampleSize)
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	defer rows.Close()
+	var dids []string
+	for rows.Next() {
+		var did string
+		if err := rows.Scan(&did); err != nil {
+			return nil, db.Translate(err)
+		}
+		dids = append(dids, did)
+	}
+	return dids, db.Translate(rows.Err())
 }
 
 func sameBase(a, b string) bool {

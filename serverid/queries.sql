@@ -10,10 +10,10 @@ ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, public_url = exclud
 -- name: HasAccounts
 SELECT EXISTS (SELECT 1 FROM accounts);
 
--- name: SampleAccount
--- The newest active account: the one most likely made by the server as
--- it is configured now (an account migrating in is not active yet).
-SELECT did FROM accounts WHERE status = 'active' ORDER BY created_at DESC LIMIT 1;
+-- name: SampleAccounts
+-- The newest active accounts: those most likely made by the server as it
+-- is configured now (an account migrating in is not active yet).
+SELECT did FROM accounts WHERE status = 'active' ORDER BY created_at DESC LIMIT $1;
 
 -- name: HostsHandle
 -- Whether an active account has this handle (lower case), as

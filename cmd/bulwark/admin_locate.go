@@ -69,7 +69,7 @@ func (c *adminClient) confirm(ctx context.Context) error {
 		c.server = nil
 		return nil
 	case errors.Is(err, serverid.ErrNotConfirmed):
-		return fmt.Errorf("the server at %s is not the server of data directory %s (%v); nothing was sent to it. "+
+		return fmt.Errorf("the server at %s is not the server of data directory %s (%v); the admin password was not sent. "+
 			"Another program may be using the address; the data directory's server recorded %s (pid %d)",
 			c.base, c.run.absDataDir(), err, rt.AdminURL, rt.PID)
 	default:

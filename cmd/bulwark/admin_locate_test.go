@@ -88,7 +88,7 @@ func TestAdminFindsItsOwnServer(t *testing.T) {
 	code, _, errOut = cli("admin", "--url", fake.URL, "--data-dir", s.dataDir, "account", "list")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "is not the server of data directory "+s.dataDir)
-	require.Contains(t, errOut, "nothing was sent")
+	require.Contains(t, errOut, "the admin password was not sent")
 	require.Equal(t, 1, fake.count(), "one identity question")
 	fake.requireNoPassword(t, pw)
 

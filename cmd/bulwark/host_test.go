@@ -115,6 +115,7 @@ func TestHostCheckReadsDIDDocuments(t *testing.T) {
 
 	logs := serveRefused(t, s.dataDir, s.databaseURL, plc.URL, "localhost:2583")
 	require.Contains(t, logs, "the DID document of "+acct.DID)
+	require.Contains(t, logs, "host name does not match this database's accounts")
 	require.Contains(t, logs, "http://"+s.hostname)
 
 	startLiveServer(t, serverOptions{dataDir: s.dataDir, databaseURL: s.databaseURL, hostname: s.hostname, plcURL: plc.URL})
