@@ -13,10 +13,10 @@ import (
 var queriesSQL string
 
 var (
-	queries        = db.MustParseQueries(queriesSQL)
-	qRecordedHost  = queries.MustGet("RecordedHost")
-	qRecordHost    = queries.MustGet("RecordHost")
-	qHasAccounts   = queries.MustGet("HasAccounts")
+	queries         = db.MustParseQueries(queriesSQL)
+	qRecordedHost   = queries.MustGet("RecordedHost")
+	qRecordHost     = queries.MustGet("RecordHost")
+	qHasAccounts    = queries.MustGet("HasAccounts")
 	qSampleAccounts = queries.MustGet("SampleAccounts")
 )
 
