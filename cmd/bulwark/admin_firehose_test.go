@@ -26,15 +26,17 @@ func TestFirehoseCommandsPrintText(t *testing.T) {
 		require.False(t, json.Valid([]byte(out)), "text, not JSON: %s", out)
 		require.NotContains(t, out, "{")
 	}
-	out := s.admin(t, "firehose", "emit-sync", "--did", acct.DID)
-	requireText(out)
-	require.Contains(t, out, "emitted a #sync of "+acct.DID+" at rev ")
-
-	out = s.admin(t, "firehose", "raise-seq", "--floor", "1000")
+	// Every event so far is sequenced (last), so nothing moves the seq
+	// between these two.
+	out := s.admin(t, "firehose", "raise-seq", "--floor", "1000")
 	requireText(out)
 	require.Regexp(t, `^last seq raised from \d+ to 1000: the next event gets 1001 or more\n$`, out)
 	out = s.admin(t, "firehose", "raise-seq", "--floor", "10")
 	require.Equal(t, "last seq unchanged at 1000, already at least 10\n", out)
+
+	out = s.admin(t, "firehose", "emit-sync", "--did", acct.DID)
+	requireText(out)
+	require.Contains(t, out, "emitted a #sync of "+acct.DID+" at rev ")
 
 	out = s.admin(t, "firehose", "invalidate", "--seq", fmt.Sprint(last))
 	requireText(out)
@@ -66,6 +68,6 @@ func TestFirehoseCommandsPrintText(t *testing.T) {
 		Changed bool  `json:"changed"`
 	}
 	s.adminJSON(t, &raised, "firehose", "raise-seq", "--floor", "5")
-	require.Equal(t, int64(1000), raised.LastSeq)
+	require.GreaterOrEqual(t, raised.LastSeq, int64(1000))
 	require.False(t, raised.Changed)
 }

@@ -21,9 +21,6 @@ type startInfo struct {
 	Program string
 	// URL is the base URL clients use (the public URL).
 	URL string
-	// AdminURL is the URL `bulwark admin` reaches this server at from
-	// this machine.
-	AdminURL string
 	// DataDir is the data directory, absolute.
 	DataDir string
 	// DefaultDataDir is the data directory `bulwark admin` assumes
@@ -62,7 +59,6 @@ func startInfoFor(cfg *config.Config) startInfo {
 	info := startInfo{
 		Program:        programName(),
 		URL:            cfg.PublicURL(),
-		AdminURL:       adminURL(cfg.Listen),
 		DataDir:        cfg.DataDir,
 		DefaultDataDir: defData,
 		DevPLC:         cfg.DevPLC,

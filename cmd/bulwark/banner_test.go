@@ -17,7 +17,7 @@ func TestBannerText(t *testing.T) {
 		{Flag: "plc-rotation-key", Path: "/srv/data/secrets/plc-rotation-key"},
 	}
 	local := startInfo{
-		Program: "bulwark", URL: "http://localhost:2583", AdminURL: DefaultAdminURL,
+		Program: "bulwark", URL: "http://localhost:2583",
 		DataDir: "/srv/data", DefaultDataDir: "/srv/data",
 		DevPLC: true, PLCURL: "http://localhost:2583", SecretFiles: secrets, HandleDomain: ".test",
 	}
@@ -36,7 +36,7 @@ func TestBannerText(t *testing.T) {
 			"bulwark config",
 		}, []string{"--url", "--data-dir"}},
 		{"elsewhere", func(i startInfo) startInfo {
-			i.Program, i.AdminURL, i.DefaultDataDir = "./bin/bulwark", "http://127.0.0.1:9000", "/home/me/data"
+			i.Program, i.DefaultDataDir = "./bin/bulwark", "/home/me/data"
 			return i
 		}, []string{"./bin/bulwark admin --data-dir /srv/data account create --handle alice.test"}, []string{"--url"}},
 		{"public", func(i startInfo) startInfo {

@@ -28,7 +28,7 @@ func askTLS(t *testing.T, s *liveServer, domain string) int {
 // asking is held to the global rate limit.
 func TestTLSAsk(t *testing.T) {
 	t.Parallel()
-	s := startLiveServer(t, serverOptions{extra: []string{"--ratelimits", "global=40/5m"}})
+	s := startLiveServer(t, serverOptions{extra: []string{"--ratelimits", "global=40/1d"}})
 	var alice, bob createdAccount
 	s.adminJSON(t, &alice, "account", "create", "--handle", "alice", "--email", "alice@example.com")
 	s.adminJSON(t, &bob, "account", "create", "--handle", "bobby", "--email", "bob@example.com")
