@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/bulwark-pds/bulwark/serverid"
 )
@@ -56,6 +57,10 @@ func (a *adminRun) locateServer() (*adminClient, error) {
 	return c, nil
 }
 
+// confirmTimeout bounds the identity question: a server answers it at
+// once, and a program that holds it open gets nothing by waiting.
+const confirmTimeout = 15 * time.Second
+
 // confirm makes the server prove, once, that it is the server the data
 // directory records, before anything (credentials above all) is sent.
 func (c *adminClient) confirm(ctx context.Context) error {
@@ -63,7 +68,9 @@ func (c *adminClient) confirm(ctx context.Context) error {
 		return nil
 	}
 	rt := c.server
-	err := serverid.Confirm(ctx, c.http, c.base, rt)
+	cctx, cancel := context.WithTimeout(ctx, confirmTimeout)
+	defer cancel()
+	err := serverid.Confirm(cctx, c.http, c.base, rt)
 	switch {
 	case err == nil:
 		c.server = nil
@@ -72,6 +79,9 @@ func (c *adminClient) confirm(ctx context.Context) error {
 		return fmt.Errorf("the server at %s is not the server of data directory %s (%v); the admin password was not sent. "+
 			"Another program may be using the address; the data directory's server recorded %s (pid %d)",
 			c.base, c.run.absDataDir(), err, rt.AdminURL, rt.PID)
+	case c.base != rt.AdminURL:
+		return fmt.Errorf("cannot reach %s to check that it is the server of data directory %s (which recorded %s): %w",
+			c.base, c.run.absDataDir(), rt.AdminURL, err)
 	default:
 		return fmt.Errorf("cannot reach the server of data directory %s at %s (recorded by pid %d at %s; is it still running?): %w",
 			c.run.absDataDir(), c.base, rt.PID, rt.Started.Format("2006-01-02 15:04:05Z"), err)
