@@ -110,6 +110,14 @@ func TestAdminFindsItsOwnServer(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "cannot find the server of data directory "+s.dataDir+": no running server recorded")
 
+	// A record left by a server that died: nothing answers there.
+	dead := serverid.NewRuntime("http://127.0.0.1:1", "http://localhost:1", "did:web:localhost%3A1")
+	require.NoError(t, dead.Write(s.dataDir))
+	code, _, errOut = cli("admin", "--data-dir", s.dataDir, "audit")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "cannot reach the server of data directory "+s.dataDir+" at http://127.0.0.1:1")
+	require.Contains(t, errOut, "is it still running?")
+
 	// A record left by a server that died, whose address another
 	// program has taken: refused, nothing sent.
 	rt := serverid.NewRuntime(fake.URL, "http://localhost:1", "did:web:localhost%3A1")
