@@ -112,62 +112,7 @@ func runFirehoseSeqRepair(ctx context.Context, a *adminRun, cmd *adminCommand, a
 		return usageError(cmd.path + " needs --seq")
 	}
 	nsid := map[string]string{"firehose rewrite-as-sync": "rewriteEventAsSync", "firehose invalidate": "invalidateEvent"}[cmd.path]
-	var res repairResult
-	if err := a.repair(ctx, nsid, map[string]any{"seq": *seq, "reason": *reason}, &res); err != nil {
-		return err
-	}
-	done := map[string]string{"firehose rewrite-as-sync": "served as a #sync from now on", "firehose invalidate": "no longer served"}[cmd.path]
-	return a.output(res, func(w io.Writer) error {
-		if !res.Changed {
-			_, err := fmt.Fprintf(w, "event %d: unchanged (%s already)\n", res.Seq, done)
-			return err
-		}
-		fmt.Fprintf(w, "event %d: %s\n", res.Seq, done)
-		return printRepairTable(w, []repairResult{res})
-	})
-}
-
-// repairResult is one event a repair looked at (eventlog.RepairResult).
-type repairResult struct {
-	Seq     int64          `json:"seq"`
-	Changed bool           `json:"changed"`
-	Before  *firehoseEvent `json:"before,omitempty"`
-	After   *firehoseEvent `json:"after,omitempty"`
-}
-
-// printRepairTable shows each repaired event as it was and as it is.
-func printRepairTable(w io.Writer, rs []repairResult) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tDID\tBEFORE\tAFTER")
-	for _, r := range rs {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", r.Seq, eventDID(r), eventSummary(r.Before), eventSummary(r.After))
-	}
-	return tw.Flush()
-}
-
-func eventDID(r repairResult) string {
-	if r.Before != nil {
-		return r.Before.DID
-	}
-	if r.After != nil {
-		return r.After.DID
-	}
-	return "-"
-}
-
-// eventSummary is an event's kind, frame size and state, in a few words.
-func eventSummary(e *firehoseEvent) string {
-	if e == nil {
-		return "-"
-	}
-	s := fmt.Sprintf("#%s %d bytes", e.Kind, e.FrameBytes)
-	switch {
-	case e.Invalidated:
-		s += ", invalidated"
-	case len(e.Problems) > 0:
-		s += ", over limits: " + strings.Join(e.Problems, "; ")
-	}
-	return s
+	return a.repairJSON(ctx, nsid, map[string]any{"seq": *seq, "reason": *reason})
 }
 
 func runFirehoseEmitSync(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -228,20 +173,7 @@ func runFirehoseRepairOversized(ctx context.Context, a *adminRun, cmd *adminComm
 	if _, err := a.parse(cmd, fs, args, 0); err != nil {
 		return err
 	}
-	var res struct {
-		Repaired []repairResult `json:"repaired"`
-	}
-	if err := a.repair(ctx, "repairOversizedEvents", map[string]any{"reason": *reason}, &res); err != nil {
-		return err
-	}
-	return a.output(res, func(w io.Writer) error {
-		if len(res.Repaired) == 0 {
-			_, err := fmt.Fprintln(w, "no stored event breaks a protocol limit: nothing rewritten")
-			return err
-		}
-		fmt.Fprintf(w, "%d event(s) rewritten as #sync:\n", len(res.Repaired))
-		return printRepairTable(w, res.Repaired)
-	})
+	return a.repairJSON(ctx, "repairOversizedEvents", map[string]any{"reason": *reason})
 }
 
 func runFirehoseConsumers(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -304,6 +236,16 @@ func (res consumersOutput) print(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// repairJSON calls one firehose repair method and prints its answer as
+// JSON, the record of what changed (before and after) that scripts read.
+func (a *adminRun) repairJSON(ctx context.Context, nsid string, body any) error {
+	var res json.RawMessage
+	if err := a.repair(ctx, nsid, body, &res); err != nil {
+		return err
+	}
+	return printJSON(a.stdout, res)
 }
 
 // repair calls one firehose repair method, decoding its answer into res.
