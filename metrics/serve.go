@@ -48,6 +48,15 @@ func ServeHandler(ctx context.Context, addr string, h http.Handler, logger *slog
 	return serveHandler(ctx, ln, h, logger)
 }
 
+// ServeListener is ServeHandler on a listener the caller bound, so that a
+// busy address is reported before a slow start-up rather than after it.
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return serveHandler(ctx, ln, h, logger)
+}
+
 func serve(ctx context.Context, ln net.Listener, logger *slog.Logger) error {
 	return serveHandler(ctx, ln, PrivateMux(), logger)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/serverid"
 )
 
 // AdminNSIDPrefix is the namespace of Bulwark's own admin methods. The NSID
@@ -23,8 +24,8 @@ import (
 // (bulwark-pds.github.io), which the project controls.
 const AdminNSIDPrefix = "io.github.bulwark-pds.admin."
 
-// DefaultAdminURL is the server `bulwark admin` talks to when neither
-// --url, BULWARK_ADMIN_URL nor BULWARK_LISTEN says otherwise.
+// DefaultAdminURL is the URL of a server on the default listen address,
+// from this machine.
 const DefaultAdminURL = "http://" + config.DefaultListen
 
 // adminTimeout bounds one admin call; repairs of a large firehose take a
@@ -58,6 +59,11 @@ type adminRun struct {
 	stdout   io.Writer
 	stderr   io.Writer
 
+	// urlSet and dataDirSet report that the server's URL and data
+	// directory were named (flag or environment), not defaulted.
+	urlSet     bool
+	dataDirSet bool
+
 	// passwordFrom says where the password came from, for the hint on a
 	// refused password.
 	passwordFrom string
@@ -89,11 +95,13 @@ var adminGroups = []struct {
 
 func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := &adminRun{
-		url:     adminURLFromEnv(),
-		dataDir: envOr("BULWARK_DATA_DIR", config.DefaultDataDir),
-		stdout:  stdout,
-		stderr:  stderr,
+		url:        strings.TrimSpace(os.Getenv("BULWARK_ADMIN_URL")),
+		dataDir:    envOr("BULWARK_DATA_DIR", config.DefaultDataDir),
+		dataDirSet: os.Getenv("BULWARK_DATA_DIR") != "",
+		stdout:     stdout,
+		stderr:     stderr,
 	}
+	a.urlSet = a.url != ""
 	err := a.main(ctx, args)
 	var ue usageError
 	var ge *groupUsageError
@@ -190,10 +198,28 @@ func isHelp(arg string) bool {
 // command's flag set has them, so they may come before or after the
 // command.
 func (a *adminRun) commonFlags(fs *flag.FlagSet) {
-	fs.StringVar(&a.url, "url", a.url, "server base URL [$BULWARK_ADMIN_URL; else http://$BULWARK_LISTEN]")
+	fs.Var(setFlag{&a.url, &a.urlSet}, "url", "server base `URL` [$BULWARK_ADMIN_URL; else the one the server of --data-dir recorded]")
 	fs.Var(secretFlag{&a.password}, "admin-password", "admin `password` [$BULWARK_ADMIN_PASSWORD; else <data-dir>/secrets/admin-password]")
-	fs.StringVar(&a.dataDir, "data-dir", a.dataDir, "the server's data directory, for its generated admin password [$BULWARK_DATA_DIR]")
+	fs.Var(setFlag{&a.dataDir, &a.dataDirSet}, "data-dir", "the server's data `directory`: where it records its address and identity, and its generated admin password [$BULWARK_DATA_DIR; else ./data]")
 	fs.BoolVar(&a.json, "json", a.json, "print JSON instead of a table")
+}
+
+// setFlag is a string flag that records that it was given.
+type setFlag struct {
+	p   *string
+	set *bool
+}
+
+func (f setFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+
+func (f setFlag) Set(v string) error {
+	*f.p, *f.set = v, true
+	return nil
 }
 
 // secretFlag is a string flag whose value --help never shows.
@@ -274,27 +300,21 @@ Administer a Bulwark server, local or remote, through its admin XRPC API
 		fmt.Fprintln(w)
 	}
 	fmt.Fprint(w, `Flags (before or after the command):
-  --url URL              the server (default: $BULWARK_ADMIN_URL, else
-                         http://$BULWARK_LISTEN, else `+DefaultAdminURL+`)
+  --data-dir DIR         the server's data directory (default: $BULWARK_DATA_DIR,
+                         else ./data): a running server records its address
+                         and identity there, and the admin password it generated
+  --url URL              the server (default: $BULWARK_ADMIN_URL, else the
+                         address the server of --data-dir recorded)
   --admin-password PW    the admin password (default: $BULWARK_ADMIN_PASSWORD,
                          else the one generated in <data-dir>/secrets)
-  --data-dir DIR         the server's data directory (default: $BULWARK_DATA_DIR,
-                         else ./data)
   --json                 print JSON instead of a table
 
+The admin password goes only to the server of --data-dir, once it has
+proved it is that server (a key it recorded there at start); with --url
+and no record of a server in the data directory, to the URL as given.
 Run with the server's environment (its EnvironmentFile) and every default
 above is the server's own.
 `)
-}
-
-// adminURLFromEnv is the default server URL: BULWARK_ADMIN_URL, else the
-// server's own listen address when BULWARK_LISTEN is set (an unspecified
-// host becomes loopback), else DefaultAdminURL.
-func adminURLFromEnv() string {
-	if v := strings.TrimSpace(os.Getenv("BULWARK_ADMIN_URL")); v != "" {
-		return v
-	}
-	return adminURL(strings.TrimSpace(os.Getenv("BULWARK_LISTEN")))
 }
 
 // adminPassword resolves the admin password: --admin-password, else
@@ -324,17 +344,18 @@ func (a *adminRun) adminPassword() (string, error) {
 	return a.password, nil
 }
 
-// conn returns the client for the server.
+// conn returns the client for the server: the one --url names, else the
+// one the data directory records (locateServer).
 func (a *adminRun) conn() (*adminClient, error) {
 	if a.client != nil {
 		return a.client, nil
 	}
-	u, err := url.Parse(strings.TrimSpace(a.url))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError(fmt.Sprintf("--url %q is not an http(s) URL", a.url))
+	c, err := a.locateServer()
+	if err != nil {
+		return nil, err
 	}
-	a.client = &adminClient{run: a, base: strings.TrimRight(u.String(), "/"), http: &http.Client{Timeout: adminTimeout}}
-	return a.client, nil
+	a.client = c
+	return c, nil
 }
 
 // output prints v as indented JSON with --json, else calls text.
@@ -356,6 +377,9 @@ type adminClient struct {
 	run  *adminRun
 	base string
 	http *http.Client
+	// server is the data directory's record of the server base must
+	// prove it is before the first request; nil when none is checked.
+	server *serverid.Runtime
 }
 
 // call performs one Bulwark admin method (io.github.bulwark-pds.admin.*).
@@ -379,6 +403,9 @@ func (c *adminClient) xrpc(ctx context.Context, method, nsid string, q url.Value
 		}
 		rd = bytes.NewReader(b)
 	}
+	if err := c.confirm(ctx); err != nil {
+		return err
+	}
 	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return err
@@ -395,7 +422,7 @@ func (c *adminClient) xrpc(ctx context.Context, method, nsid string, q url.Value
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot reach the server at %s (is it running? --url or BULWARK_ADMIN_URL names it): %w", c.base, err)
+		return fmt.Errorf("cannot reach the server at %s (is it running? --data-dir or --url names it): %w", c.base, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminResponse))

@@ -112,7 +112,7 @@ func runFirehoseSeqRepair(ctx context.Context, a *adminRun, cmd *adminCommand, a
 		return usageError(cmd.path + " needs --seq")
 	}
 	nsid := map[string]string{"firehose rewrite-as-sync": "rewriteEventAsSync", "firehose invalidate": "invalidateEvent"}[cmd.path]
-	return a.repair(ctx, nsid, map[string]any{"seq": *seq, "reason": *reason})
+	return a.repairJSON(ctx, nsid, map[string]any{"seq": *seq, "reason": *reason})
 }
 
 func runFirehoseEmitSync(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -125,7 +125,17 @@ func runFirehoseEmitSync(ctx context.Context, a *adminRun, cmd *adminCommand, ar
 	if *did == "" {
 		return usageError("emit-sync needs --did")
 	}
-	return a.repair(ctx, "emitSync", map[string]any{"did": *did, "reason": *reason})
+	var res struct {
+		DID string `json:"did"`
+		Rev string `json:"rev"`
+	}
+	if err := a.repair(ctx, "emitSync", map[string]any{"did": *did, "reason": *reason}, &res); err != nil {
+		return err
+	}
+	return a.output(res, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "emitted a #sync of %s at rev %s (it gets its seq once sequenced: firehose events --did %s)\n", res.DID, res.Rev, res.DID)
+		return err
+	})
 }
 
 func runFirehoseRaiseSeq(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -138,7 +148,23 @@ func runFirehoseRaiseSeq(ctx context.Context, a *adminRun, cmd *adminCommand, ar
 	if *floor <= 0 {
 		return usageError("raise-seq needs --floor")
 	}
-	return a.repair(ctx, "raiseSeq", map[string]any{"floor": *floor, "reason": *reason})
+	var res struct {
+		Before  int64 `json:"before"`
+		LastSeq int64 `json:"lastSeq"`
+		Changed bool  `json:"changed"`
+	}
+	if err := a.repair(ctx, "raiseSeq", map[string]any{"floor": *floor, "reason": *reason}, &res); err != nil {
+		return err
+	}
+	return a.output(res, func(w io.Writer) error {
+		var err error
+		if res.Changed {
+			_, err = fmt.Fprintf(w, "last seq raised from %d to %d: the next event gets %d or more\n", res.Before, res.LastSeq, res.LastSeq+1)
+		} else {
+			_, err = fmt.Fprintf(w, "last seq unchanged at %d, already at least %d\n", res.LastSeq, *floor)
+		}
+		return err
+	})
 }
 
 func runFirehoseRepairOversized(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -147,7 +173,7 @@ func runFirehoseRepairOversized(ctx context.Context, a *adminRun, cmd *adminComm
 	if _, err := a.parse(cmd, fs, args, 0); err != nil {
 		return err
 	}
-	return a.repair(ctx, "repairOversizedEvents", map[string]any{"reason": *reason})
+	return a.repairJSON(ctx, "repairOversizedEvents", map[string]any{"reason": *reason})
 }
 
 func runFirehoseConsumers(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
@@ -159,24 +185,76 @@ func runFirehoseConsumers(ctx context.Context, a *adminRun, cmd *adminCommand, a
 	if err != nil {
 		return err
 	}
-	var res json.RawMessage
+	var res consumersOutput
 	if err := c.call(ctx, http.MethodGet, "listConsumers", nil, nil, &res); err != nil {
+		return err
+	}
+	return a.output(res, res.print)
+}
+
+// consumersOutput is listConsumers' answer (firehose.ConsumerReport).
+type consumersOutput struct {
+	Consumers []struct {
+		IP          string    `json:"ip"`
+		UserAgent   string    `json:"userAgent"`
+		Connections int64     `json:"connections"`
+		Refused     int64     `json:"refused"`
+		Active      int       `json:"active"`
+		LastSeen    time.Time `json:"lastSeen"`
+		Stuck       *struct {
+			Cursor     int64     `json:"cursor"`
+			Seq        int64     `json:"seq"`
+			Reconnects int       `json:"reconnects"`
+			Since      time.Time `json:"since"`
+		} `json:"stuck,omitempty"`
+	} `json:"consumers"`
+	Stuck int `json:"stuck"`
+}
+
+func (res consumersOutput) print(w io.Writer) error {
+	if len(res.Consumers) == 0 {
+		_, err := fmt.Fprintln(w, "no subscribeRepos consumer seen since the server started")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ADDRESS\tUSER-AGENT\tACTIVE\tCONNECTIONS\tREFUSED\tLAST SEEN\tSTATE")
+	var stuck []int64
+	for _, c := range res.Consumers {
+		state := "ok"
+		if s := c.Stuck; s != nil {
+			state = fmt.Sprintf("STUCK at seq %d (cursor %d, %d reconnects since %s)", s.Seq, s.Cursor, s.Reconnects, s.Since.UTC().Format(time.RFC3339))
+			stuck = append(stuck, s.Seq)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", c.IP, orDash(c.UserAgent), c.Active, c.Connections, c.Refused, c.LastSeen.UTC().Format(time.RFC3339), state)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, seq := range stuck {
+		if _, err := fmt.Fprintf(w, "a consumer cannot get past event %d: see bulwark admin firehose events --from %d --limit 1; bulwark admin firehose rewrite-as-sync --seq %d repairs it\n", seq, seq, seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// repairJSON calls one firehose repair method and prints its answer as
+// JSON, the record of what changed (before and after) that scripts read.
+func (a *adminRun) repairJSON(ctx context.Context, nsid string, body any) error {
+	var res json.RawMessage
+	if err := a.repair(ctx, nsid, body, &res); err != nil {
 		return err
 	}
 	return printJSON(a.stdout, res)
 }
 
-// repair calls one firehose repair method and prints its JSON answer.
-func (a *adminRun) repair(ctx context.Context, nsid string, body any) error {
+// repair calls one firehose repair method, decoding its answer into res.
+func (a *adminRun) repair(ctx context.Context, nsid string, body, res any) error {
 	c, err := a.conn()
 	if err != nil {
 		return err
 	}
-	var res json.RawMessage
-	if err := c.call(ctx, http.MethodPost, nsid, nil, body, &res); err != nil {
-		return err
-	}
-	return printJSON(a.stdout, res)
+	return c.call(ctx, http.MethodPost, nsid, nil, body, res)
 }
 
 type auditEntry struct {

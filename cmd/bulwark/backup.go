@@ -21,6 +21,7 @@ import (
 	"github.com/bulwark-pds/bulwark/backup"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/serverid"
 )
 
 // backupFlags are the settings of serve that backup and restore read; the
@@ -88,14 +89,18 @@ func takeBackup(ctx context.Context, cfg *config.Config, out, binDir string, std
 		return nil, err
 	}
 	defer closeDB()
+	hostname, hostNote := backupHostname(ctx, cfg, dbURL)
 	src := backup.Source{
 		DatabaseURL: dbURL,
 		SecretsDir:  filepath.Join(cfg.DataDir, config.SecretsDir),
-		Hostname:    cfg.Hostname,
+		Hostname:    hostname,
 		Version:     Version(),
 		PGBinDir:    binDir,
-		Notes:       backupNotes(cfg),
+		Notes:       secretNotes(filepath.Join(cfg.DataDir, config.SecretsDir)),
 		Logger:      logger,
+	}
+	if hostNote != "" {
+		src.Notes = append(src.Notes, hostNote)
 	}
 	if cfg.BlobS3Bucket != "" {
 		src.S3Bucket = cfg.BlobS3Bucket
@@ -108,14 +113,29 @@ func takeBackup(ctx context.Context, cfg *config.Config, out, binDir string, std
 	return backup.ToDir(ctx, src, out)
 }
 
-// backupNotes warns about what the backup lacks: secrets it cannot hold,
-// and the host name when it was left at its default.
-func backupNotes(cfg *config.Config) []string {
-	notes := secretNotes(filepath.Join(cfg.DataDir, config.SecretsDir))
-	if cfg.HostnameDerived() {
-		notes = append(notes, "the host name was not set (BULWARK_HOSTNAME), so the manifest records "+cfg.Hostname+", made from the listen port: serve the restored data under the server's real host name")
+// backupHostname is the host name the backup records: the one the
+// database records as its accounts' (the server's, whatever this command
+// was configured with), else the configured one, with a note saying how
+// far to trust it.
+func backupHostname(ctx context.Context, cfg *config.Config, dbURL string) (string, string) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var h serverid.Host
+	conn, err := pgx.Connect(cctx, dbURL)
+	if err == nil {
+		h, err = serverid.RecordedHost(cctx, conn)
+		_ = conn.Close(cctx)
 	}
-	return notes
+	switch {
+	case err == nil && h.Hostname != cfg.Hostname && !cfg.HostnameDerived():
+		return h.Hostname, "the database's accounts are served as " + h.Hostname + ", not as the configured " + cfg.Hostname + ": the manifest records " + h.Hostname
+	case err == nil:
+		return h.Hostname, ""
+	case cfg.HostnameDerived():
+		return cfg.Hostname, "the database records no host name (no server of this version has started on it) and BULWARK_HOSTNAME was not set, so the manifest records " + cfg.Hostname + ", made from the listen port: serve the restored data under the server's real host name"
+	default:
+		return cfg.Hostname, "the database records no host name (no server of this version has started on it): the manifest records the configured " + cfg.Hostname
+	}
 }
 
 // secretNotes says which of the server's three secrets the backup will not

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/serverid"
 )
 
 // startInfo is what the start banner tells an operator: where the server
@@ -18,9 +21,6 @@ type startInfo struct {
 	Program string
 	// URL is the base URL clients use (the public URL).
 	URL string
-	// AdminURL is the URL `bulwark admin` reaches this server at from
-	// this machine.
-	AdminURL string
 	// DataDir is the data directory, absolute.
 	DataDir string
 	// DefaultDataDir is the data directory `bulwark admin` assumes
@@ -36,16 +36,29 @@ type startInfo struct {
 	SecretFiles []config.SecretFile
 	// HandleDomain is the first handle suffix users may register under.
 	HandleDomain string
+	// HasAccounts reports that the server hosts an account already: the
+	// banner then points at the accounts instead of making a first one.
+	HasAccounts bool
 }
 
 // newStartInfo gathers the banner's facts from a configuration that has
-// been finalized, bound and given its secrets.
-func newStartInfo(cfg *config.Config) startInfo {
+// been finalized, bound and given its secrets, and from its database.
+func newStartInfo(ctx context.Context, cfg *config.Config, q db.DBTX) (startInfo, error) {
+	hasAccounts, err := serverid.HasAccounts(ctx, q)
+	if err != nil {
+		return startInfo{}, err
+	}
+	info := startInfoFor(cfg)
+	info.HasAccounts = hasAccounts
+	return info, nil
+}
+
+// startInfoFor is the banner's facts that the configuration alone gives.
+func startInfoFor(cfg *config.Config) startInfo {
 	defData, _ := filepath.Abs(config.DefaultDataDir)
 	info := startInfo{
 		Program:        programName(),
 		URL:            cfg.PublicURL(),
-		AdminURL:       adminURL(cfg.Listen),
 		DataDir:        cfg.DataDir,
 		DefaultDataDir: defData,
 		DevPLC:         cfg.DevPLC,
@@ -85,21 +98,29 @@ func adminURL(listen string) string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
+// adminCommand is `bulwark admin` as it finds this server: through the
+// data directory, named when it is not the one `bulwark admin` assumes.
+func (i startInfo) adminCommand() string {
+	cmd := i.Program + " admin"
+	if i.DataDir != i.DefaultDataDir {
+		cmd += " --data-dir " + shellQuote(i.DataDir)
+	}
+	return cmd
+}
+
 // firstAccountCommand is the command line that creates the first account
-// on this server, as printed: `bulwark admin` finds the server and the
-// admin password by its defaults, or by the flags added here.
+// on this server, as printed.
 func (i startInfo) firstAccountCommand() string {
-	var b strings.Builder
-	b.WriteString(i.Program + " admin")
-	if i.AdminURL != DefaultAdminURL {
-		b.WriteString(" --url " + i.AdminURL)
+	return fmt.Sprintf("%s account create --handle alice%s --email alice@example.com", i.adminCommand(), i.HandleDomain)
+}
+
+// accountsLine is the banner's last line: the command that makes the
+// first account, or, once there are accounts, the one that lists them.
+func (i startInfo) accountsLine() (label, text string) {
+	if !i.HasAccounts {
+		return "First account:", i.firstAccountCommand()
 	}
-	if i.DataDir != i.DefaultDataDir && i.adminPasswordFile() != "" {
-		b.WriteString(" --data-dir " + shellQuote(i.DataDir))
-	}
-	handle := "alice" + i.HandleDomain
-	fmt.Fprintf(&b, " account create --handle %s --email alice@example.com", handle)
-	return b.String()
+	return "Accounts:", i.adminCommand() + " account list (account create --handle NAME --email ADDRESS adds one)"
 }
 
 // adminPasswordFile is where the admin password is kept, or "" when the
@@ -155,23 +176,24 @@ func (i startInfo) signupLine() string {
 // bannerText is the start banner: a few plain lines for a person reading
 // the terminal. The same facts go to the log (logAttrs).
 func bannerText(i startInfo) string {
+	label, accounts := i.accountsLine()
 	return fmt.Sprintf(`
 Bulwark is ready.
   URL:            %s
   PLC directory:  %s
   Sign-up:        %s
   Secrets:        %s
-  First account:  %s
+  %-15s %s
 All settings: %s config (same flags and BULWARK_* variables as serve).
 
-`, i.URL, i.plcLine(), i.signupLine(), i.secretsLine(), i.firstAccountCommand(), i.Program)
+`, i.URL, i.plcLine(), i.signupLine(), i.secretsLine(), label, accounts, i.Program)
 }
 
 // logAttrs are the banner's facts as log attributes.
 func (i startInfo) logAttrs() []any {
 	return []any{
 		"url", i.URL, "plc", i.plcLine(), "invite_required", i.InviteRequired,
-		"secrets", i.secretsLine(), "first_account", i.firstAccountCommand(),
+		"secrets", i.secretsLine(), "has_accounts", i.HasAccounts, "admin", i.adminCommand(),
 	}
 }
 

@@ -17,7 +17,7 @@ func TestBannerText(t *testing.T) {
 		{Flag: "plc-rotation-key", Path: "/srv/data/secrets/plc-rotation-key"},
 	}
 	local := startInfo{
-		Program: "bulwark", URL: "http://localhost:2583", AdminURL: DefaultAdminURL,
+		Program: "bulwark", URL: "http://localhost:2583",
 		DataDir: "/srv/data", DefaultDataDir: "/srv/data",
 		DevPLC: true, PLCURL: "http://localhost:2583", SecretFiles: secrets, HandleDomain: ".test",
 	}
@@ -36,9 +36,9 @@ func TestBannerText(t *testing.T) {
 			"bulwark config",
 		}, []string{"--url", "--data-dir"}},
 		{"elsewhere", func(i startInfo) startInfo {
-			i.Program, i.AdminURL, i.DefaultDataDir = "./bin/bulwark", "http://127.0.0.1:9000", "/home/me/data"
+			i.Program, i.DefaultDataDir = "./bin/bulwark", "/home/me/data"
 			return i
-		}, []string{"./bin/bulwark admin --url http://127.0.0.1:9000 --data-dir /srv/data account create --handle alice.test"}, nil},
+		}, []string{"./bin/bulwark admin --data-dir /srv/data account create --handle alice.test"}, []string{"--url"}},
 		{"public", func(i startInfo) startInfo {
 			i.URL, i.DevPLC, i.PLCURL, i.InviteRequired, i.HandleDomain = "https://pds.example.com", false, "https://plc.directory", true, ".pds.example.com"
 			i.SecretFiles = secrets[1:]
@@ -48,8 +48,12 @@ func TestBannerText(t *testing.T) {
 			"PLC directory:  https://plc.directory\n",
 			"invite code required",
 			"admin password from BULWARK_ADMIN_PASSWORD; jwt-secret, plc-rotation-key in /srv/data/secrets",
-			"bulwark admin account create --handle alice.pds.example.com",
-		}, []string{"development PLC", "--data-dir"}},
+			"bulwark admin --data-dir '/var/lib/bulwark data' account create --handle alice.pds.example.com",
+		}, []string{"development PLC"}},
+		{"accounts", func(i startInfo) startInfo {
+			i.HasAccounts = true
+			return i
+		}, []string{"Accounts:       bulwark admin account list"}, []string{"First account", "alice"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

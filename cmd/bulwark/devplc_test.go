@@ -189,7 +189,7 @@ func TestDevPLCStaysLocal(t *testing.T) {
 		require.Contains(t, logs, f)
 	}
 	require.Contains(t, logs, filepath.Join(dataDir, "secrets", "admin-password"))
-	require.Contains(t, logs, "admin --url http://127.0.0.1:"+strconv.Itoa(port)+" --data-dir "+dataDir+" account create --handle alice.test --email alice@example.com")
+	require.Contains(t, logs, "admin --data-dir "+dataDir+" account create --handle alice.test --email alice@example.com")
 	require.NotContains(t, logs, "firehose-max-subscribers", "the full configuration is not logged at info")
 
 	// The first-account command, run exactly as the banner prints it,

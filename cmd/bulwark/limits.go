@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,7 +31,10 @@ type protection struct {
 // registers them, the pool and the sequencer with the metrics, and returns
 // the services that run beside the server: the limiters' pruning and, when
 // --metrics-listen is set, the private metrics and pprof listener.
-func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *eventlog.Sequencer, logger *slog.Logger) (*protection, error) {
+//
+// metricsLn is the --metrics-listen listener when the caller bound it
+// already; nil binds it here.
+func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *eventlog.Sequencer, metricsLn net.Listener, logger *slog.Logger) (*protection, error) {
 	queue := cfg.InflightQueue
 	if queue == 0 {
 		queue = -1 // budget.Config: negative is "no queue"
@@ -57,6 +61,9 @@ func newProtection(cfg *config.Config, pool *pgxpool.Pool, seq *eventlog.Sequenc
 	if cfg.MetricsListen != "" {
 		p.private = metrics.PrivateMux()
 		p.services = append(p.services, service{name: "metrics listener", run: func(ctx context.Context) error {
+			if metricsLn != nil {
+				return metrics.ServeListener(ctx, metricsLn, p.private, logger.With("component", "metrics"))
+			}
 			return metrics.ServeHandler(ctx, cfg.MetricsListen, p.private, logger.With("component", "metrics"))
 		}})
 	}

@@ -23,7 +23,9 @@ import (
 	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
+	"github.com/bulwark-pds/bulwark/serverid"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -58,21 +60,19 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 // HTTP server, the managed Postgres or a background service fails. The
 // start banner goes to banner (stderr), unless the log is JSON.
 //
-// The order matters for a failed start: the listener is bound first and
-// the managed cluster's lock taken before initdb, so a second server on a
-// busy port or a data dir in use fails at once and leaves nothing behind.
+// The order matters for a failed start: the listeners are bound first and
+// the data directory's lock taken before anything is created, so a second
+// server on a busy port or a data dir in use fails at once and leaves
+// nothing behind.
 func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
-	ln, err := listen(cfg)
+	st, err := startListening(cfg)
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
-	if err := cfg.Bound(ln.Addr().String()); err != nil {
-		return err
-	}
+	defer st.close()
 	generated, err := cfg.EnsureSecrets()
 	if err != nil {
 		return err
@@ -101,24 +101,37 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 	}
 
 	devPLC := newDevPLC(cfg, d.Pool, logger)
-	srv, services, err := newServer(ctx, cfg, d.Pool, devPLC, logger)
+	if err := checkHost(ctx, cfg, d.Pool, devPLC, logger); err != nil {
+		return err
+	}
+	b, err := buildServer(ctx, cfg, d.Pool, devPLC, st.metricsLn, logger)
 	if err != nil {
 		return err
 	}
-	svcs := startServices(services)
+	svcs := startServices(b.services)
 	defer svcs.cancel()
-	hs := srv.HTTPServer()
+	hs := b.srv.HTTPServer()
 	if devPLC != nil {
 		hs.Handler = withDevPLC(hs.Handler, devPLC)
 	}
-	info := newStartInfo(cfg)
+	rt := serverid.NewRuntime(adminURL(cfg.Listen), cfg.PublicURL(), cfg.ServiceDID())
+	hs.Handler = withServerRoutes(hs.Handler, cfg, d.Pool, &rt, b.srv, b.limits)
+	info, err := newStartInfo(ctx, cfg, d.Pool)
+	if err != nil {
+		return err
+	}
+	removeRuntime, err := writeRuntime(cfg, &rt, logger)
+	if err != nil {
+		return err
+	}
+	defer removeRuntime()
 	if cfg.LogFormat != "json" {
 		// Plain lines would break a JSON log collector's parsing; the
 		// log entry below carries the same facts.
 		fmt.Fprint(banner, bannerText(info))
 	}
 	logger.Info("bulwark is ready", info.logAttrs()...)
-	runErr := serveUntilStopped(ctx, stopSignals, cfg, hs, ln, d.Done(), svcs.errs, logger)
+	runErr := serveUntilStopped(ctx, stopSignals, cfg, hs, st.ln, d.Done(), svcs.errs, logger)
 	svcs.stop()
 	return runErr
 }
@@ -128,11 +141,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 func listen(cfg *config.Config) (net.Listener, error) {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		hint := ""
-		if errors.Is(err, syscall.EADDRINUSE) {
-			hint = "; another server (another bulwark?) is using the port: stop it, or choose another address with --listen"
-		}
-		return nil, fmt.Errorf("listen on %s (--listen, BULWARK_LISTEN): %w%s", cfg.Listen, err, hint)
+		return nil, fmt.Errorf("listen on %s (--listen, BULWARK_LISTEN): %w%s", cfg.Listen, err, portHint(err))
 	}
 	return ln, nil
 }
@@ -146,27 +155,53 @@ func listen(cfg *config.Config) (net.Listener, error) {
 // devPLC, when not nil, is the development PLC directory this server runs:
 // the PLC client then submits to it in process.
 func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
-	alerts, services, err := newAlerts(cfg, logger)
+	b, err := buildServer(ctx, cfg, pool, devPLC, nil, logger)
 	if err != nil {
 		return nil, nil, err
+	}
+	return b.srv, b.services, nil
+}
+
+// builtServer is the PDS, the services beside it and its rate limiters.
+type builtServer struct {
+	srv      *pds.Server
+	services []service
+	limits   *ratelimit.Set
+}
+
+// buildServer is newServer with the --metrics-listen listener bound by the
+// caller (nil: bound when its service starts), returning the rate
+// limiters too.
+func buildServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger) (*builtServer, error) {
+	srv, services, limits, err := assembleServer(ctx, cfg, pool, devPLC, metricsLn, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &builtServer{srv: srv, services: services, limits: limits}, nil
+}
+
+func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger) (*pds.Server, []service, *ratelimit.Set, error) {
+	alerts, services, err := newAlerts(cfg, logger)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger, consumerStuckAlert(alerts))
 	services = append(services, firehoseServices...)
 	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, logger)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, watch.services...)
-	protect, err := newProtection(cfg, pool, sequencer, logger)
+	protect, err := newProtection(cfg, pool, sequencer, metricsLn, logger)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, protect.services...)
 	hub.UseBudget(protect.budget)
 
 	blobs, err := newBlobService(ctx, cfg, pool, logger)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, service{name: "blob collector", run: blobs.Run})
 	var plcHTTP *http.Client
@@ -175,7 +210,7 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	}
 	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
@@ -200,13 +235,13 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 		clientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
 	}, logger)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, consoleServices...)
 	opts.Console = consoleHandler
 	srv, err = pds.New(opts)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	services = append(services, service{name: "oauth cleanup", run: func(ctx context.Context) error {
 		srv.OAuth().Run(ctx, 0)
@@ -215,7 +250,7 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	slots := srv.ExportSlots()
 	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())
-	return srv, services, nil
+	return srv, services, protect.limits, nil
 }
 
 // serveUntilStopped serves hs on ln until ctx ends (a signal), the HTTP

@@ -168,12 +168,12 @@ func TestServeLifecycle(t *testing.T) {
 	pw := lc.secret()
 
 	// A second server on the same data dir (another port) stops at the
-	// cluster's lock, before touching it; the first one keeps serving.
+	// data dir's lock, before touching it; the first one keeps serving.
 	second := exec.Command(bin, "serve")
 	second.Env = append(append([]string(nil), env...), "BULWARK_LISTEN=127.0.0.1:"+strconv.Itoa(freePort(t)))
 	out, err := second.CombinedOutput()
 	require.Error(t, err, "%s", out)
-	require.Contains(t, string(out), "in use by another process")
+	require.Contains(t, string(out), "is in use by another bulwark server")
 	require.NotContains(t, string(out), "initialised postgres cluster")
 	_, ok := describe(base)
 	require.True(t, ok, "the first server still answers")

@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/serverid"
 )
 
 // TestBusyPortFailsFirst: a server whose port is taken fails before it
@@ -79,4 +84,40 @@ func TestConfigCommand(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"config", "--hostname", "pds.example.com:8443"}, &out, &errs))
 	require.Contains(t, errs.String(), "BULWARK_PLC_URL")
 	require.Empty(t, out.String())
+}
+
+// TestBusyMetricsPortFailsFirst: a --metrics-listen address in use stops
+// the server before the data dir, secrets or database are touched, with
+// an error naming the address and the setting.
+func TestBusyMetricsPortFailsFirst(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	dataDir := filepath.Join(t.TempDir(), "data")
+
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", busy.Addr().String(),
+		"--data-dir", dataDir, "--database-url", dbtest.NewURL(t)}, &out, &out)
+	require.Equal(t, 1, code, out.String())
+	require.Contains(t, out.String(), "listen on "+busy.Addr().String()+" (--metrics-listen, BULWARK_METRICS_LISTEN)")
+	require.NotContains(t, out.String(), "generated a secret", "nothing was set up first")
+	require.NoDirExists(t, dataDir, "no data dir or secrets left behind")
+}
+
+// TestDataDirLockExternalDatabase: with an external database, a second
+// server on the same data dir (its secrets, blobs and runtime record) is
+// refused at start, and the first keeps serving and keeps its record.
+func TestDataDirLockExternalDatabase(t *testing.T) {
+	t.Parallel()
+	s := startLiveServer(t, serverOptions{})
+
+	logs := serveRefusedArgs(t, "--listen", "127.0.0.1:0", "--data-dir", s.dataDir,
+		"--database-url", dbtest.NewURL(t), "--log-format", "text")
+	require.Contains(t, logs, "data dir "+s.dataDir+" is in use by another bulwark server (pid "+strconv.Itoa(os.Getpid())+")")
+
+	rt, err := serverid.ReadRuntime(s.dataDir)
+	require.NoError(t, err)
+	require.Equal(t, s.url, rt.AdminURL, "the running server's record is untouched")
+	require.Contains(t, s.admin(t, "account", "list"), "HANDLE")
 }
