@@ -168,15 +168,17 @@ type SessionEnder func(ctx context.Context, tx db.DBTX, did syntax.DID) error
 
 // Service manages accounts and sessions.
 type Service struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	keys   *KeyStore
-	repo   *repo.Engine
-	plc    *plc.Client
-	hash   *hasher
-	tokens *signer
-	mail   *email.Mailer
-	log    *slog.Logger
+	cfg  Config
+	pool *pgxpool.Pool
+	keys *KeyStore
+	repo *repo.Engine
+	plc  *plc.Client
+	hash *hasher
+	// plcSlots bound the transactions waiting for the PLC directory.
+	plcSlots *budget.Budget
+	tokens   *signer
+	mail     *email.Mailer
+	log      *slog.Logger
 }
 
 // New returns an account service.
@@ -214,12 +216,13 @@ func New(cfg Config) (*Service, error) {
 		cfg.Mail = m
 	}
 	return &Service{
-		cfg:  cfg,
-		pool: cfg.Pool,
-		keys: cfg.Keys,
-		repo: cfg.Repo,
-		plc:  cfg.PLC,
-		hash: newHasher(cfg.Password, passwordSlots(cfg), cfg.PasswordWait),
+		cfg:      cfg,
+		pool:     cfg.Pool,
+		keys:     cfg.Keys,
+		repo:     cfg.Repo,
+		plc:      cfg.PLC,
+		hash:     newHasher(cfg.Password, passwordSlots(cfg), cfg.PasswordWait),
+		plcSlots: newPLCSlots(cfg.Pool),
 		tokens: &signer{
 			secret: cfg.JWTSecret, audience: cfg.ServiceDID,
 			accessTTL: cfg.AccessTTL, refreshTTL: cfg.RefreshTTL, now: cfg.Now,

@@ -173,22 +173,23 @@ func (s *Server) requireUserServiceAuth(r *http.Request, lxm string) (*account.A
 	}
 	ctx := r.Context()
 	a, err := s.accounts.Get(ctx, did)
-	switch {
-	case errors.Is(err, account.ErrAccountNotFound):
+	if errors.Is(err, account.ErrAccountNotFound) {
 		return nil, nil, serviceAuthErr("UntrustedIss", "the service-auth JWT's issuer %s is not an account on this server", did)
-	case err != nil:
+	}
+	if err != nil {
 		return nil, nil, err
-	case a.Status == account.StatusTakendown:
-		return nil, nil, account.ErrAccountTakendown
-	case a.Status == account.StatusDeactivated:
-		return nil, nil, account.ErrAccountDeactivated
 	}
 	pub, err := s.accounts.PublicKey(ctx, did)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !signedBy(j, pub) {
+	switch {
+	case !signedBy(j, pub):
 		return nil, nil, serviceAuthErr("BadJwtSignature", "the service-auth JWT's signature does not verify with %s's signing key", did)
+	case a.Status == account.StatusTakendown:
+		return nil, nil, account.ErrAccountTakendown
+	case a.Status == account.StatusDeactivated:
+		return nil, nil, account.ErrAccountDeactivated
 	}
 	if err := s.replay.Spend(ctx, did.String(), j.jti, exp.Add(serviceAuthLeeway)); err != nil {
 		if errors.Is(err, replay.ErrReplayed) {

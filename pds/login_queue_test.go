@@ -17,6 +17,8 @@ import (
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/plc/plctest"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
@@ -230,4 +232,25 @@ func TestSignUpsQueue(t *testing.T) {
 		(<-w).ok(t)
 	}
 	require.NotEmpty(t, (<-appPass).ok(t).str(t, "password"))
+}
+
+// TestSignUpBurstWithPoolSharingPLC: a burst of sign-ups, three times as
+// many as the database pool has connections, all succeed against a PLC
+// directory that stores its operations through the same pool (the
+// development PLC): the transactions that wait for the directory hold at
+// most a quarter of the pool, so the directory always has a connection.
+func TestSignUpBurstWithPoolSharingPLC(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	e := newAccountEnv(t, envOptions{pool: pool, plcHandler: plctest.NewDirectory(plctest.NewPostgresStore(pool))})
+	n := 3 * int(pool.Config().MaxConns)
+	var waits []<-chan xrpcResult
+	for i := range n {
+		waits = append(waits, e.postAsync("", "com.atproto.server.createAccount", map[string]any{
+			"handle": fmt.Sprintf("signup%d-%d.test", i, userSeq.Add(1)), "email": fmt.Sprintf("signup%d-%d@example.com", i, userSeq.Add(1)), "password": "correct horse battery",
+		}))
+	}
+	for _, w := range waits {
+		(<-w).ok(t)
+	}
 }
