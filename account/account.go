@@ -13,6 +13,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/plc"
@@ -123,9 +124,18 @@ type Config struct {
 	// Password are argon2id's costs; zero means DefaultPasswordParams.
 	// Tests lower them; production should not.
 	Password PasswordParams
-	// PasswordHashes bounds the password hashes computed at once; one
-	// more fails with ErrPasswordBusy. Zero means DefaultPasswordHashes().
+	// PasswordHashes bounds the password hashes computed at once; more
+	// wait their turn in a FIFO queue of PasswordQueue places, for at most
+	// PasswordWait, and fail with ErrPasswordBusy past either. Zero means
+	// DefaultPasswordHashes(), DefaultPasswordQueue (negative: no queue)
+	// and DefaultPasswordWait.
 	PasswordHashes int
+	PasswordQueue  int
+	PasswordWait   time.Duration
+	// PasswordSlots, when set, are the hash slots and their queue in place
+	// of those PasswordHashes and PasswordQueue describe (NewPasswordSlots
+	// builds them): a server passes its own to report them in metrics.
+	PasswordSlots *budget.Budget
 	// AccessTTL and RefreshTTL override the token lifetimes (tests).
 	AccessTTL, RefreshTTL time.Duration
 	// Now overrides the clock for tokens (tests).
@@ -158,15 +168,17 @@ type SessionEnder func(ctx context.Context, tx db.DBTX, did syntax.DID) error
 
 // Service manages accounts and sessions.
 type Service struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	keys   *KeyStore
-	repo   *repo.Engine
-	plc    *plc.Client
-	hash   *hasher
-	tokens *signer
-	mail   *email.Mailer
-	log    *slog.Logger
+	cfg  Config
+	pool *pgxpool.Pool
+	keys *KeyStore
+	repo *repo.Engine
+	plc  *plc.Client
+	hash *hasher
+	// plcSlots bound the transactions waiting for the PLC directory.
+	plcSlots *budget.Budget
+	tokens   *signer
+	mail     *email.Mailer
+	log      *slog.Logger
 }
 
 // New returns an account service.
@@ -204,12 +216,13 @@ func New(cfg Config) (*Service, error) {
 		cfg.Mail = m
 	}
 	return &Service{
-		cfg:  cfg,
-		pool: cfg.Pool,
-		keys: cfg.Keys,
-		repo: cfg.Repo,
-		plc:  cfg.PLC,
-		hash: newHasher(cfg.Password, cfg.PasswordHashes),
+		cfg:      cfg,
+		pool:     cfg.Pool,
+		keys:     cfg.Keys,
+		repo:     cfg.Repo,
+		plc:      cfg.PLC,
+		hash:     newHasher(cfg.Password, passwordSlots(cfg), cfg.PasswordWait),
+		plcSlots: newPLCSlots(cfg.Pool),
 		tokens: &signer{
 			secret: cfg.JWTSecret, audience: cfg.ServiceDID,
 			accessTTL: cfg.AccessTTL, refreshTTL: cfg.RefreshTTL, now: cfg.Now,
@@ -218,6 +231,16 @@ func New(cfg Config) (*Service, error) {
 		log:  cfg.Logger.With("component", "account"),
 	}, nil
 }
+
+func passwordSlots(cfg Config) *budget.Budget {
+	if cfg.PasswordSlots != nil {
+		return cfg.PasswordSlots
+	}
+	return NewPasswordSlots(cfg.PasswordHashes, cfg.PasswordQueue)
+}
+
+// PasswordSlots are the password-hash slots and their queue, for metrics.
+func (s *Service) PasswordSlots() *budget.Budget { return s.hash.slots }
 
 // HandleDomains are the domains users may register handles under.
 func (s *Service) HandleDomains() []string { return s.cfg.HandleDomains }

@@ -89,18 +89,20 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 
 	var sess *Session
 	submitted := false
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var head *repo.Head
-		var err error
-		if head, sess, err = s.storeNew(ctx, tx, did, na); err != nil {
-			return err
-		}
-		if err := s.plc.Submit(ctx, did, genesis); err != nil {
-			return err
-		}
-		submitted = true
-		log.Debug("plc genesis accepted", "rev", head.Rev)
-		return nil
+	err = s.withPLCSlot(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var head *repo.Head
+			var err error
+			if head, sess, err = s.storeNew(ctx, tx, did, na); err != nil {
+				return err
+			}
+			if err := s.plc.Submit(ctx, did, genesis); err != nil {
+				return err
+			}
+			submitted = true
+			log.Debug("plc genesis accepted", "rev", head.Rev)
+			return nil
+		})
 	})
 	if err != nil {
 		if submitted {

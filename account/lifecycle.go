@@ -25,26 +25,28 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, 
 		return "", err
 	}
 	submitted := false
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		cur, _, err := lockAccount(ctx, tx, did)
-		if err != nil {
-			return err
-		}
-		if cur != handle {
-			if _, err := tx.Exec(ctx, qSetHandle, did.String(), handle.String()); err != nil {
-				return uniqueViolation(err, handle, "")
-			}
-			if err := s.plc.UpdateHandle(ctx, did, handle); err != nil {
+	err = s.withPLCSlot(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			cur, _, err := lockAccount(ctx, tx, did)
+			if err != nil {
 				return err
 			}
-			submitted = true
-		}
-		// An unchanged handle still emits #identity: clients call
-		// updateHandle to make relays re-verify a handle.
-		if err := appendIdentity(ctx, tx, did, handle); err != nil {
-			return err
-		}
-		return runAlso(ctx, tx, opts)
+			if cur != handle {
+				if _, err := tx.Exec(ctx, qSetHandle, did.String(), handle.String()); err != nil {
+					return uniqueViolation(err, handle, "")
+				}
+				if err := s.plc.UpdateHandle(ctx, did, handle); err != nil {
+					return err
+				}
+				submitted = true
+			}
+			// An unchanged handle still emits #identity: clients call
+			// updateHandle to make relays re-verify a handle.
+			if err := appendIdentity(ctx, tx, did, handle); err != nil {
+				return err
+			}
+			return runAlso(ctx, tx, opts)
+		})
 	})
 	if err != nil {
 		if submitted {

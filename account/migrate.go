@@ -227,18 +227,20 @@ func (s *Service) SubmitPLCOperation(ctx context.Context, did syntax.DID, op *di
 	if err != nil {
 		return err
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		handle, _, err := lockAccount(ctx, tx, did)
-		if err != nil {
-			return err
-		}
-		if err := s.checkHostedHere(op, pub, handle); err != nil {
-			return err
-		}
-		if err := s.plc.Submit(ctx, did, op); err != nil {
-			return err
-		}
-		return appendIdentity(ctx, tx, did, handle)
+	err = s.withPLCSlot(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			handle, _, err := lockAccount(ctx, tx, did)
+			if err != nil {
+				return err
+			}
+			if err := s.checkHostedHere(op, pub, handle); err != nil {
+				return err
+			}
+			if err := s.plc.Submit(ctx, did, op); err != nil {
+				return err
+			}
+			return appendIdentity(ctx, tx, did, handle)
+		})
 	})
 	if err != nil {
 		return err

@@ -10,9 +10,13 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
+	"time"
 	"unicode/utf8"
 
 	"golang.org/x/crypto/argon2"
+
+	"github.com/bulwark-pds/bulwark/budget"
 )
 
 // Password rules for new passwords. The minimum is the usual floor; the
@@ -42,47 +46,156 @@ const (
 	hashLen = 32
 )
 
-// ErrPasswordBusy means every password-hash slot is taken: the check was
-// refused at once, without hashing. Retrying shortly may succeed.
+// ErrPasswordBusy means a password check got no hash slot: the wait queue
+// was full, the client already held its share of it, or the wait ran out.
+// Nothing was hashed; retrying shortly may succeed.
 var ErrPasswordBusy = errors.New("too many password checks in progress")
 
 // DefaultPasswordHashes is how many password hashes may run at once when
 // Config.PasswordHashes is zero: one per core. More at once would add
-// memory (each hash holds its 19 MiB) and no throughput; a flood of
-// logins past it is refused at once instead of queueing on the CPU, and
-// the login limits (per address, per account) keep guessers to a trickle.
+// memory (each hash holds its 19 MiB) and no throughput.
 func DefaultPasswordHashes() int { return max(1, runtime.GOMAXPROCS(0)) }
 
-// hasher runs argon2id with a bound on how many hashes run at once. One
-// more is refused at once (ErrPasswordBusy) rather than queued: a queue
-// of hashes is a queue of clients waiting on the CPU, and a flood of
-// guesses would make it grow without bound.
-type hasher struct {
-	params PasswordParams
-	slots  chan struct{}
+// Defaults for the password-hash queue (Config.PasswordQueue and
+// PasswordWait). A hash takes about 30 ms of one core, so a full queue of
+// 64 drains in about a second on two cores: well inside the wait, which
+// only runs out when hashes are much slower than that (a machine starved
+// of CPU).
+const (
+	DefaultPasswordQueue = 64
+	DefaultPasswordWait  = 5 * time.Second
+)
+
+// NewPasswordSlots returns the hash slots and their FIFO wait queue: a
+// budget of hashes (capacity) units, each hash taking one, with up to
+// queue waiters (zero means DefaultPasswordQueue, negative none). A server
+// builds its own to report it in metrics and passes it in
+// Config.PasswordSlots.
+func NewPasswordSlots(hashes, queue int) *budget.Budget {
+	if hashes <= 0 {
+		hashes = DefaultPasswordHashes()
+	}
+	if queue == 0 {
+		queue = DefaultPasswordQueue
+	}
+	return budget.New(budget.Config{Capacity: int64(hashes), MaxQueue: queue, RetryAfter: time.Second})
 }
 
-func newHasher(p PasswordParams, slots int) *hasher {
+// hasher runs argon2id, at most as many hashes at once as slots has units.
+// A check that finds them all taken waits its turn, first come first
+// served, for at most wait; a full queue, a client over its share, or a
+// wait that runs out fails with ErrPasswordBusy. The queue absorbs the
+// bursts real people make (eight sign-ins in the same second) while the
+// login limits, applied before a check reaches it, keep guessers out of it.
+type hasher struct {
+	params PasswordParams
+	slots  *budget.Budget
+	wait   time.Duration
+	// share is how many places (waiting or hashing) one client may hold,
+	// half of them all: one address cannot fill the queue for everyone.
+	share int
+	// derive computes the hash; tests wrap it to see admission order.
+	derive func(pw, salt []byte, p PasswordParams) []byte
+
+	mu   sync.Mutex
+	held map[string]int // places held, by client
+}
+
+func newHasher(p PasswordParams, slots *budget.Budget, wait time.Duration) *hasher {
 	if p.Memory == 0 || p.Time == 0 || p.Threads == 0 {
 		p = DefaultPasswordParams
 	}
-	if slots <= 0 {
-		slots = DefaultPasswordHashes()
+	if slots == nil {
+		slots = NewPasswordSlots(0, 0)
 	}
-	return &hasher{params: p, slots: make(chan struct{}, slots)}
+	if wait <= 0 {
+		wait = DefaultPasswordWait
+	}
+	st := slots.Stats()
+	return &hasher{
+		params: p, slots: slots, wait: wait,
+		share:  max(1, (int(st.Capacity)+st.MaxQueue)/2),
+		derive: argon2ID,
+		held:   map[string]int{},
+	}
+}
+
+func argon2ID(pw, salt []byte, p PasswordParams) []byte {
+	return argon2.IDKey(pw, salt, p.Time, p.Memory, p.Threads, hashLen)
+}
+
+type clientKey struct{}
+
+// WithClient tells the password checks made under ctx who asks (the
+// client's address as the rate limits key it), so that one client holds
+// at most its share of the hash queue. Checks without one are not
+// counted per client (the command line, tests).
+func WithClient(ctx context.Context, client string) context.Context {
+	return context.WithValue(ctx, clientKey{}, client)
 }
 
 func (h *hasher) run(ctx context.Context, pw, salt []byte, p PasswordParams) ([]byte, error) {
+	release, err := h.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return h.derive(pw, salt, p), nil
+}
+
+// acquire takes a hash slot, waiting in line for at most h.wait, and
+// returns the function that gives it back.
+func (h *hasher) acquire(ctx context.Context) (func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	select {
-	case h.slots <- struct{}{}:
-	default:
-		return nil, ErrPasswordBusy
+	client, _ := ctx.Value(clientKey{}).(string)
+	if !h.enter(client) {
+		return nil, fmt.Errorf("%w: this client already has %d waiting", ErrPasswordBusy, h.share)
 	}
-	defer func() { <-h.slots }()
-	return argon2.IDKey(pw, salt, p.Time, p.Memory, p.Threads, hashLen), nil
+	wctx, cancel := context.WithTimeout(ctx, h.wait)
+	res, err := h.slots.Acquire(wctx, 1)
+	cancel()
+	if err != nil {
+		h.leave(client)
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err() // the client went away
+		case errors.Is(err, budget.ErrOverloaded):
+			return nil, fmt.Errorf("%w: the queue is full", ErrPasswordBusy)
+		default:
+			return nil, fmt.Errorf("%w: no slot within %v", ErrPasswordBusy, h.wait)
+		}
+	}
+	return func() {
+		res.Release()
+		h.leave(client)
+	}, nil
+}
+
+// enter counts a place for client, unless it holds its share already.
+func (h *hasher) enter(client string) bool {
+	if client == "" {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held[client] >= h.share {
+		return false
+	}
+	h.held[client]++
+	return true
+}
+
+func (h *hasher) leave(client string) {
+	if client == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held[client]--; h.held[client] <= 0 {
+		delete(h.held, client)
+	}
 }
 
 // checkNewPassword applies the rules for a new password.
@@ -147,8 +260,8 @@ func (h *hasher) verify(ctx context.Context, pw, encoded string) (bool, error) {
 }
 
 // dummyVerify spends the time of one verification, so that a login for an
-// unknown account takes as long as one with a wrong password, and is
-// refused when the hash slots are full just as such a login would be.
+// unknown account takes as long as one with a wrong password, and waits
+// for a hash slot (or is refused) just as such a login would.
 func (h *hasher) dummyVerify(ctx context.Context, pw string) error {
 	_, err := h.run(ctx, []byte(pw), make([]byte, saltLen), h.params)
 	return err

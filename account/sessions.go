@@ -39,7 +39,8 @@ func (s *Service) Login(ctx context.Context, identifier, password string) (*Acco
 // a caller can apply the account's login limit before the password is
 // hashed. a is nil when no account has the identifier: the check then
 // takes as long as a wrong password and fails with ErrAuthFailed. With
-// every hash slot taken it fails at once with ErrPasswordBusy.
+// every hash slot taken it waits its turn, and fails with ErrPasswordBusy
+// when the queue is full or the wait runs out.
 func (s *Service) LoginAccount(ctx context.Context, a *Account, password string) (*Account, *AppPasswordInfo, error) {
 	if a == nil {
 		if err := s.hash.dummyVerify(ctx, password); err != nil {

@@ -225,6 +225,14 @@ type Config struct {
 	// (and, separately, for a getRepo export slot); one more is answered
 	// 503 ServiceOverloaded at once. Zero means no waiting at all.
 	InflightQueue int
+	// PasswordQueue is how many password checks (logins, sign-ups,
+	// password changes) may wait, first come first served, for one of the
+	// hash slots (one per core); one more is answered 503
+	// ServiceOverloaded at once. Zero means no waiting at all.
+	PasswordQueue int
+	// PasswordWait is the longest a password check waits for a hash slot
+	// before it is answered 503 ServiceOverloaded.
+	PasswordWait time.Duration
 	// BackgroundMaxPause bounds how long a background stream (a getRepo
 	// export, a blob download) pauses before each chunk while writes are
 	// in flight, so that writes get the CPU first (package priority).
@@ -343,6 +351,8 @@ func DefaultConfig() *Config {
 		MaxJSONBody:            DefaultMaxJSONBody,
 		MaxImportSize:          DefaultMaxImportSize,
 		InflightQueue:          DefaultInflightQueue,
+		PasswordQueue:          DefaultPasswordQueue,
+		PasswordWait:           DefaultPasswordWait,
 		BackgroundMaxPause:     DefaultBackgroundMaxPause,
 		RefusalCoolOff:         DefaultRefusalCoolOff,
 		CARCache:               DefaultCARCache,

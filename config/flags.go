@@ -73,6 +73,8 @@ func (c *Config) settings() []setting {
 		{"admin-console", "operator console at /admin/: public (this listener), private (--metrics-listen only) or off", (*stringValue)(&c.AdminConsole)},
 		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: a quarter of memory, 16MiB-1GiB)", (*byteSize)(&c.InflightBudget)},
 		{"inflight-queue", "expensive requests that may wait for the in-flight budget before the next gets 503 (0 = no waiting)", (*intValue)(&c.InflightQueue)},
+		{"password-queue", "password checks (logins, sign-ups, password changes) that may wait for a hash slot before the next gets 503 (0 = no waiting)", (*intValue)(&c.PasswordQueue)},
+		{"password-wait", "longest a password check waits for a hash slot before 503", (*durationValue)(&c.PasswordWait)},
 		{"background-max-pause", "longest a getRepo export or blob download pauses per chunk while writes are in flight (0 = never)", (*durationValue)(&c.BackgroundMaxPause)},
 		{"car-cache", "bytes of whole-repository getRepo answers kept on disk under the data dir, like 1GiB (0 = none)", (*byteSize)(&c.CARCache)},
 		{"export-rate", "bytes a second all getRepo answers share, like 32MiB (0 = unpaced)", (*byteSize)(&c.ExportRate)},

@@ -20,6 +20,19 @@ const RateLimitsOff = "off"
 // before the next is refused with 503.
 const DefaultInflightQueue = budget.DefaultMaxQueue
 
+// DefaultPasswordQueue and DefaultPasswordWait bound the password checks
+// waiting for a hash slot, and how long each may wait: the account
+// package's defaults (a test holds them equal; this package cannot import
+// that one, which the repository engine's tests would then import too).
+const (
+	DefaultPasswordQueue = 64
+	DefaultPasswordWait  = 5 * time.Second
+)
+
+// MaxPasswordWait is the largest --password-wait accepted: a client that
+// waits longer for a login has given up already.
+const MaxPasswordWait = 30 * time.Second
+
 // DefaultBackgroundMaxPause is how long, at most, a background stream (a
 // getRepo export, a blob download) pauses before each chunk while writes
 // are in flight.

@@ -2,9 +2,11 @@ package config
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
@@ -47,6 +49,16 @@ func TestRateLimitPolicies(t *testing.T) {
 	c.DataDir = t.TempDir()
 	c.InflightQueue = -1
 	require.ErrorContains(t, c.Finalize(), "BULWARK_INFLIGHT_QUEUE")
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.PasswordQueue = -1 },
+		func(c *Config) { c.PasswordWait = 0 },
+		func(c *Config) { c.PasswordWait = time.Minute },
+	} {
+		c = DefaultConfig()
+		c.DataDir = t.TempDir()
+		bad(c)
+		require.ErrorContains(t, c.Finalize(), "BULWARK_PASSWORD_")
+	}
 }
 
 // TestInflightBudgetDefault: the default is the budget package's, so that
@@ -58,4 +70,12 @@ func TestInflightBudgetDefault(t *testing.T) {
 	require.NoError(t, c.Finalize())
 	require.Equal(t, budget.DefaultCapacity(), c.InflightBudget)
 	require.Equal(t, DefaultInflightQueue, c.InflightQueue)
+}
+
+// TestPasswordQueueDefaults: the defaults are the account package's.
+func TestPasswordQueueDefaults(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, account.DefaultPasswordQueue, DefaultPasswordQueue)
+	require.Equal(t, account.DefaultPasswordWait, DefaultPasswordWait)
+	require.Equal(t, DefaultPasswordQueue, DefaultConfig().PasswordQueue)
 }

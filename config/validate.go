@@ -198,6 +198,12 @@ func (c *Config) validateLoad() error {
 	if c.InflightQueue < 0 {
 		return settingError("inflight-queue", "must not be negative")
 	}
+	if c.PasswordQueue < 0 {
+		return settingError("password-queue", "must not be negative")
+	}
+	if c.PasswordWait <= 0 || c.PasswordWait > MaxPasswordWait {
+		return settingError("password-wait", "must be more than 0 and at most %s", MaxPasswordWait)
+	}
 	if c.BackgroundMaxPause < 0 || c.BackgroundMaxPause > MaxBackgroundMaxPause {
 		return settingError("background-max-pause", "must be between 0 (never pause) and %s", MaxBackgroundMaxPause)
 	}

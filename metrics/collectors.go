@@ -42,6 +42,18 @@ func RegisterExportSlots(stats func() BudgetStats) {
 	exportSlotsCollector.stats = stats
 }
 
+// RegisterPasswordSlots makes the scrape report the budget a server uses
+// as a FIFO semaphore of password-hash slots (one unit per hash), read
+// through stats as RegisterBudget does, under bulwark_password_slots_*:
+// hashes running, checks waiting, and the admitted, queued, refused (503
+// at a full queue) and canceled (the wait ran out, or the client left)
+// counts. nil stops reporting.
+func RegisterPasswordSlots(stats func() BudgetStats) {
+	passwordSlotsCollector.mu.Lock()
+	defer passwordSlotsCollector.mu.Unlock()
+	passwordSlotsCollector.stats = stats
+}
+
 // RegisterLimiters makes the scrape report ls (typically
 // ratelimit.Set.All()): allowed and refused calls by limiter and rule,
 // keys tracked, and keys evicted. A later call replaces the set.
@@ -83,6 +95,17 @@ var exportSlotsCollector = &budgetStats{
 	waited:   desc("export_slots", "waited_total", "getRepo exports that queued for a slot."),
 	rejected: desc("export_slots", "rejected_total", "getRepo exports refused with 503 because the wait queue was full."),
 	canceled: desc("export_slots", "canceled_total", "Waiting exports whose client went away."),
+}
+
+var passwordSlotsCollector = &budgetStats{
+	capacity: desc("password_slots", "capacity", "Password hashes that may run at once."),
+	inUse:    desc("password_slots", "in_use", "Password hashes running."),
+	queue:    desc("password_slots", "queue_length", "Password checks waiting for a hash slot."),
+	maxQueue: desc("password_slots", "queue_max", "Bound of the password-hash wait queue."),
+	admitted: desc("password_slots", "admitted_total", "Password hashes started."),
+	waited:   desc("password_slots", "waited_total", "Password checks that queued for a hash slot."),
+	rejected: desc("password_slots", "rejected_total", "Password checks refused with 503 because the wait queue was full."),
+	canceled: desc("password_slots", "canceled_total", "Waiting password checks whose wait ran out (503) or whose client went away."),
 }
 
 type budgetStats struct {

@@ -192,7 +192,7 @@ func init() {
 		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots,
 		EventLogLastSeq, SequencerLag, SequencerPending,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
-		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,
+		budgetCollector, exportSlotsCollector, passwordSlotsCollector, limiterCollector, poolCollector,
 	)
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/blob"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/email"
@@ -47,6 +49,7 @@ type accountEnv struct {
 	accounts *account.Service
 	engine   *repo.Engine
 	blobs    *blob.Service // nil unless envOptions.blobs
+	keys     *account.KeyStore
 	jwt      []byte
 	// server is the running Server (its method table, for sweeps).
 	server *Server
@@ -74,6 +77,12 @@ type envOptions struct {
 	blobs bool
 	// sessionEnders are passed to account.Config.SessionEnders.
 	sessionEnders []account.SessionEnder
+	// passwordHashes, passwordSlots, passwordWait and passwordParams, when
+	// set, replace the test defaults (64 cheap hashes at once).
+	passwordHashes int
+	passwordSlots  *budget.Budget
+	passwordWait   time.Duration
+	passwordParams *account.PasswordParams
 }
 
 func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
@@ -144,13 +153,20 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	engine := repo.New(pool, keys, waker, rcfg)
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
+	// Test hashes are cheap, and sweeps log in concurrently.
+	hashes, params := 64, testPasswordParams
+	if opts.passwordHashes != 0 {
+		hashes = opts.passwordHashes
+	}
+	if opts.passwordParams != nil {
+		params = *opts.passwordParams
+	}
 	accts, err := account.New(account.Config{
 		Pool: pool, Keys: keys, Repo: engine, PLC: pc, Waker: waker,
 		HandleDomains: cfg.HandleDomains, InviteRequired: cfg.InviteRequired,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: testPasswordParams, Logger: logger, Cleaners: opts.cleaners, Mail: mailer, SessionEnders: opts.sessionEnders,
-		// Test hashes are cheap, and sweeps log in concurrently.
-		PasswordHashes: 64,
+		Password: params, Logger: logger, Cleaners: opts.cleaners, Mail: mailer, SessionEnders: opts.sessionEnders,
+		PasswordHashes: hashes, PasswordSlots: opts.passwordSlots, PasswordWait: opts.passwordWait,
 	})
 	require.NoError(t, err)
 	o := Options{Config: cfg, DB: pool, Logger: logger, Version: "test", Accounts: accts, Repo: engine, Blobs: blobs, Keys: keys}
@@ -166,7 +182,7 @@ func newAccountEnv(t testing.TB, opts envOptions) *accountEnv {
 	t.Cleanup(ts.Close)
 	return &accountEnv{
 		url: ts.URL, cfg: cfg, pool: pool, plc: dir, plcURL: plcSrv.URL,
-		accounts: accts, engine: engine, blobs: blobs, jwt: []byte(cfg.JWTSecret), server: s,
+		accounts: accts, engine: engine, blobs: blobs, keys: keys, jwt: []byte(cfg.JWTSecret), server: s,
 	}
 }
 

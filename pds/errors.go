@@ -241,6 +241,12 @@ var domainErrors = []errorMapping{
 
 	// The in-flight byte budget's full queue: a refusal under load.
 	{sentinel: budget.ErrOverloaded, status: http.StatusServiceUnavailable, name: "ServiceOverloaded", build: overloaded},
+	// Too many changes waiting for the PLC directory: a refusal under load.
+	{sentinel: account.ErrDirectoryBusy, status: http.StatusServiceUnavailable, name: "ServiceOverloaded", build: func(err error) *XRPCError {
+		e := ServiceOverloaded(time.Second, "too many accounts and identities being updated at once; retry in a moment")
+		e.Err = err
+		return e
+	}},
 	// Every password-hash slot taken: a refusal under load.
 	{sentinel: account.ErrPasswordBusy, status: http.StatusServiceUnavailable, name: "ServiceOverloaded", build: func(err error) *XRPCError {
 		e := ServiceOverloaded(time.Second, "too many password checks in progress; retry in a moment")

@@ -22,9 +22,17 @@ import (
 //   - the account's budget (createSession), keyed by its DID whichever of
 //     handle, email or DID names it, so that one account has one budget;
 //     a login for no account is keyed by its normalised identifier;
-//   - the hash slots (account.Config.PasswordHashes): past them the login
-//     is refused at once with 503 ServiceOverloaded, and its points are
-//     given back, since nothing was checked.
+//   - the hash slots (one per core): a login that finds them taken waits
+//     its turn in a FIFO queue (--password-queue places, at most
+//     --password-wait), and is answered 503 ServiceOverloaded with
+//     Retry-After only when the queue is full, its address already holds
+//     half of it, or the wait runs out; its points are then given back,
+//     since nothing was checked.
+//
+// The budgets come first, so a flood from one address is refused (429)
+// after its 30th login in five minutes and never holds more than that in
+// the queue; the queue's half-share bounds the methods whose budgets are
+// larger (createAccount's 100 in five minutes).
 
 // login checks a password login and returns the account and the app
 // password used (nil for the account password).
@@ -37,6 +45,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request, identifier, passw
 // spend the same budgets.
 func (s *Server) loginFrom(ctx context.Context, h http.Header, addr netip.Addr, identifier, password string) (*account.Account, *account.AppPasswordInfo, error) {
 	addrKey := ratelimit.IPKey(addr)
+	ctx = account.WithClient(ctx, addrKey)
 	if err := s.rateLimitHeader(h, ratelimit.PolicyLoginAddress, addrKey, 1); err != nil {
 		return nil, nil, err
 	}

@@ -140,7 +140,7 @@ func TestOAuthScopeGrantsWhatItNames(t *testing.T) {
 	u := e.newUser()
 	sess := e.session(e.app("granular", "atproto", "repo:app.bsky.feed.like", "account:email", "blob:image/*",
 		"rpc:app.bsky.feed.getTimeline?aud=did:web:api.bsky.app%23bsky_appview"), u)
-	require.Equal(t, http.StatusOK, e.upload(sess, "image/png", "png bytes"))
+	require.Equal(t, http.StatusOK, e.upload(sess, "image/png", string(pngData(t, 100))))
 	require.Equal(t, http.StatusForbidden, e.upload(sess, "text/plain", "text"))
 	like := map[string]any{"$type": "app.bsky.feed.like", "createdAt": "2026-01-01T00:00:00Z",
 		"subject": map[string]any{"uri": "at://did:plc:abc/app.bsky.feed.post/3k", "cid": "bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm"}}

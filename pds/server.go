@@ -51,6 +51,7 @@ import (
 	"github.com/bulwark-pds/bulwark/priority"
 	"github.com/bulwark-pds/bulwark/proxy"
 	"github.com/bulwark-pds/bulwark/ratelimit"
+	"github.com/bulwark-pds/bulwark/replay"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -188,6 +189,9 @@ type Server struct {
 	// serviceAuth checks service-auth JWTs addressed to this server
 	// (createAccount for an existing DID).
 	serviceAuth *auth.ServiceAuthValidator
+	// replay remembers the service-auth tokens accepted in place of a
+	// session (uploadBlob), so that each is used once.
+	replay *replay.Store
 	// outbound makes every request to a URL a user influences.
 	outbound *outbound.Client
 
@@ -253,6 +257,7 @@ func New(opts Options) (*Server, error) {
 	dir := newDirectory(opts.Config, s.outbound, logger)
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, dir
 	s.serviceAuth = newServiceAuthValidator(opts.Config, dir)
+	s.replay = replay.New(opts.DB)
 	s.blobs = opts.Blobs
 	p, err := newProxy(opts, dir, logger)
 	if err != nil {

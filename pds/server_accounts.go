@@ -16,8 +16,8 @@ func (s *Server) registerAccountRoutes() {
 	if s.accounts == nil {
 		return
 	}
-	s.procedure("com.atproto.server.createAccount", s.handleCreateAccount)
-	s.procedure("com.atproto.server.createAppPassword", s.handleCreateAppPassword)
+	s.procedure("com.atproto.server.createAccount", s.handleCreateAccount, hashesPassword())
+	s.procedure("com.atproto.server.createAppPassword", s.handleCreateAppPassword, hashesPassword())
 	s.query("com.atproto.server.listAppPasswords", s.handleListAppPasswords)
 	s.procedure("com.atproto.server.revokeAppPassword", s.handleRevokeAppPassword)
 	s.procedure("com.atproto.server.createInviteCode", s.handleCreateInviteCode)

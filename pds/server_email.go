@@ -47,7 +47,7 @@ func (s *Server) registerEmailRoutes() {
 	s.procedure("com.atproto.server.requestEmailUpdate", s.handleRequestEmailUpdate)
 	s.procedure("com.atproto.server.updateEmail", s.handleUpdateEmail)
 	s.procedure("com.atproto.server.requestPasswordReset", s.handleRequestPasswordReset)
-	s.procedure("com.atproto.server.resetPassword", s.handleResetPassword)
+	s.procedure("com.atproto.server.resetPassword", s.handleResetPassword, hashesPassword())
 	s.procedure("com.atproto.server.requestAccountDelete", s.handleRequestAccountDelete)
 	s.procedure("com.atproto.identity.requestPlcOperationSignature", s.handleRequestPlcOperationSignature)
 	s.procedure(adminNS+"sendEmail", s.admin(s.handleAdminSendEmail))

@@ -13,7 +13,7 @@ func (s *Server) registerSessionRoutes() {
 	if s.accounts == nil {
 		return
 	}
-	s.procedure("com.atproto.server.createSession", s.handleCreateSession)
+	s.procedure("com.atproto.server.createSession", s.handleCreateSession, hashesPassword())
 	s.query("com.atproto.server.getSession", s.handleGetSession)
 	s.procedure("com.atproto.server.refreshSession", s.handleRefreshSession)
 	s.procedure("com.atproto.server.deleteSession", s.handleDeleteSession)

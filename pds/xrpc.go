@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/bulwark-pds/bulwark/account"
 )
 
 // writeError answers err as an XRPC error. A 500 is logged with its cause
@@ -261,6 +263,9 @@ type method struct {
 	handler     handlerFunc
 	maxBody     int64
 	longRunning bool
+	// hashesPassword: the method hashes a password, for which its client
+	// waits in the hash queue (account.WithClient).
+	hashesPassword bool
 }
 
 // methodOption adjusts a method at registration.
@@ -286,6 +291,13 @@ func longRunning() methodOption {
 // malformed name: both are programming errors found at start-up.
 func (s *Server) query(nsid string, h handlerFunc, opts ...methodOption) {
 	s.register(nsid, kindQuery, h, opts)
+}
+
+// hashesPassword marks a method that hashes a password (a login, a new
+// account or password): its checks wait for a hash slot as its client's,
+// so that one address holds at most its share of the hash queue.
+func hashesPassword() methodOption {
+	return func(m *method) { m.hashesPassword = true }
 }
 
 // procedure registers an XRPC procedure (POST).
@@ -337,6 +349,9 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 	if err := s.globalLimit(w, r, m); err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	if m.hashesPassword {
+		r = r.WithContext(account.WithClient(r.Context(), s.ipKey(r)))
 	}
 	if m.longRunning {
 		rc := http.NewResponseController(w)

@@ -25,6 +25,10 @@
 // "bulwark-load seed" creates an account (or logs in to it) and writes
 // records to it with applyWrites: the repository the scrapers fetch.
 //
+// "bulwark-load logins" signs N people in at the same moment, each to an
+// account of their own, and prints the answers and latencies: a burst of
+// real sign-ins against the password hash queue.
+//
 //	bulwark-load --url http://127.0.0.1:2583 --duration 2m \
 //	  --did did:plc:... --source-addrs 127.0.0.2-127.0.0.201 --scrapers 8 \
 //	  --relays 9 --flood-conns 32 --handle alice.test --password hunter2 \
@@ -111,6 +115,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "seed":
 			return runSeed(ctx, args[1:], stdout, stderr)
+		case "logins":
+			return runLogins(ctx, args[1:], stdout, stderr)
 		case attackRole:
 			return runAttackChild(ctx, args[1:], stdout, stderr)
 		}
@@ -177,6 +183,8 @@ scrape (getRepo/getBlob fleet from many source addresses), write
 
   bulwark-load seed [flags]   create an account and write records to it
                               ("bulwark-load seed -h" for its flags)
+  bulwark-load logins [flags] sign N people in at once, each to their own
+                              account ("bulwark-load logins -h")
 
 Flags (each also BULWARK_LOAD_<FLAG>, e.g. BULWARK_LOAD_URL):
 `)

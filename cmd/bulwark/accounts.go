@@ -9,6 +9,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/repo"
@@ -43,6 +44,12 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	queue := cfg.PasswordQueue
+	if queue == 0 {
+		queue = -1 // NewPasswordSlots: negative is "no queue"
+	}
+	slots := account.NewPasswordSlots(0, queue)
+	metrics.RegisterPasswordSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	accounts, err := account.New(account.Config{
 		Pool:           pool,
 		Keys:           keys,
@@ -54,6 +61,8 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 		PublicURL:      cfg.PublicURL(),
 		ServiceDID:     cfg.ServiceDID(),
 		JWTSecret:      []byte(cfg.JWTSecret),
+		PasswordSlots:  slots,
+		PasswordWait:   cfg.PasswordWait,
 		Cleaners:       cleaners,
 		Logger:         logger,
 		Mail:           mailer,

@@ -60,6 +60,7 @@ func TestServeProtection(t *testing.T) {
 		`bulwark_ratelimit_refused_total{limiter="global",rule="5m"} 1`,
 		`bulwark_budget_capacity_bytes 3.3554432e+07`,
 		`bulwark_export_slots_capacity `,
+		`bulwark_password_slots_queue_max 64`,
 		`bulwark_pg_pool_max_conns `,
 		`bulwark_http_requests_total{method="com.atproto.server.describeServer",status="429"} `,
 		`bulwark_eventlog_last_seq `,
