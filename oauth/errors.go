@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // OAuth error codes (RFC 6749, RFC 9449, RFC 6750).
@@ -36,6 +39,8 @@ type Error struct {
 	Code        string
 	Description string
 	cause       error
+	// retryAfter, when set, is sent as Retry-After.
+	retryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -112,11 +117,14 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, res 
 // response of the JSON endpoints carries the current DPoP nonce.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	oe := asError(err)
-	if oe.Status >= 500 {
+	if oe.Status >= 500 && oe.Code != CodeUnavailable {
 		s.log.Error("oauth request failed", "path", r.URL.Path, "err", err)
 	} else {
 		s.log.Debug("oauth request refused", "path", r.URL.Path, "code", oe.Code, "err", err)
 	}
 	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
+	if oe.retryAfter > 0 {
+		w.Header().Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(oe.retryAfter), 10))
+	}
 	writeJSON(w, oe.Status, map[string]string{"error": oe.Code, "error_description": oe.Description})
 }
