@@ -92,14 +92,22 @@ func asError(err error) *Error {
 	return serverError(err)
 }
 
-// writeJSON writes a JSON response that must not be cached.
+// writeJSON writes a JSON response that must not be cached. It carries
+// its length, so that the client has the whole answer at once even when
+// the connection is then held (a refusal's cool-off).
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"server_error"}`)
+	}
+	body = append(body, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	h.Set("Pragma", "no-cache")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }
 
 // answer writes the outcome of a request to one of the JSON endpoints:

@@ -95,8 +95,8 @@ func (s *Server) perClient(w http.ResponseWriter, policy, clientID string) error
 }
 
 func rateLimited(policy string, d ratelimit.Decision) *Error {
-	return oauthErr(http.StatusTooManyRequests, CodeRateLimited, "rate limit exceeded (%s, %s); retry in %s",
-		policy, d.Rule, d.RetryAfter.Round(time.Second))
+	return oauthErr(http.StatusTooManyRequests, CodeRateLimited, "rate limit exceeded (%s, %s); retry in %d s",
+		policy, d.Rule, ratelimit.RetryAfterSeconds(d.RetryAfter))
 }
 
 // waitWords says how long to wait, for a page.

@@ -55,10 +55,13 @@ func TestEveryRouteIsLimitedPerAddress(t *testing.T) {
 		ClientAddr: func(r *http.Request) netip.Addr { return netip.MustParseAddr(r.Header.Get("X-Test-Addr")) }})
 	require.NoError(t, err)
 	s.Routes(mux)
-	require.Len(t, mux.patterns, 15)
+	require.Len(t, mux.patterns, 16)
 
 	for i, pattern := range mux.patterns {
-		method, path, _ := strings.Cut(pattern, " ")
+		method, path, ok := strings.Cut(pattern, " ")
+		if !ok { // any method
+			method, path = http.MethodGet, pattern+"no-such-endpoint"
+		}
 		addr := "192.0.2." + strconv.Itoa(i+1)
 		for n := 1; n <= 3; n++ {
 			req, err := http.NewRequest(method, srv.URL+path, strings.NewReader("client_id=x"))

@@ -21,10 +21,18 @@ WHERE id = $1
   AND NOT EXISTS (SELECT 1 FROM oauth_device_accounts a WHERE a.device_id = d.id AND a.expires_at > now());
 
 -- name: TrimAccountDevices
--- An account is remembered on its most recent $2 browsers.
-DELETE FROM oauth_device_accounts a
-USING (SELECT device_id FROM oauth_device_accounts WHERE did = $1 ORDER BY signed_in_at DESC OFFSET $2) old
-WHERE a.did = $1 AND a.device_id = old.device_id;
+-- An account is remembered on its most recent $2 browsers; a browser it
+-- was the last account of is forgotten with it.
+WITH gone AS (
+    DELETE FROM oauth_device_accounts a
+    USING (SELECT device_id FROM oauth_device_accounts WHERE did = $1 ORDER BY signed_in_at DESC OFFSET $2) old
+    WHERE a.did = $1 AND a.device_id = old.device_id
+    RETURNING a.device_id
+)
+DELETE FROM oauth_devices d
+USING gone
+WHERE d.id = gone.device_id
+  AND NOT EXISTS (SELECT 1 FROM oauth_device_accounts x WHERE x.device_id = d.id AND x.did <> $1 AND x.expires_at > now());
 
 -- name: DeviceAccounts
 SELECT did FROM oauth_device_accounts

@@ -300,6 +300,11 @@ func (s *Server) Routes(mux Mux) {
 	mux.HandleFunc("GET "+PathAccount, page(s.handleAccountGet))
 	mux.HandleFunc("POST "+PathAccount, page(s.handleAccountPost))
 	mux.HandleFunc("GET "+PathStyle, s.perAddress(ratelimit.PolicyOAuthMetadata, false, s.handleStyle))
+	// Anything else under /oauth/ (a wrong path or method) is answered
+	// here, under a limit too.
+	mux.HandleFunc("/oauth/", api(ratelimit.PolicyOAuthMetadata, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not_found", "error_description": "no such OAuth endpoint"})
+	}))
 }
 
 // Mux is where Routes registers the endpoints (an *http.ServeMux).

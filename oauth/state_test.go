@@ -146,3 +146,21 @@ func TestAssertionIDRememberedBriefly(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(context.Background(), "SELECT expires_at FROM oauth_used_values WHERE kind = 'client-assertion'").Scan(&until))
 	require.Equal(t, iat+int64((5*time.Minute+30*time.Second)/time.Second), until.Unix(), "iat plus the age an assertion may have")
 }
+
+// TestAccountRememberedOnBoundedBrowsers: signing in again and again, each
+// time in a new browser, keeps an account on its most recent 32 browsers,
+// and forgets the browsers it drops.
+func TestAccountRememberedOnBoundedBrowsers(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for range 40 {
+		b := f.browser()
+		form := b.Get(f.srv.URL + oauth.PathAccount).FormFields(t, "signin-form")
+		form.Set("identifier", "bob.test")
+		form.Set("password", "bob password")
+		require.Equal(t, http.StatusSeeOther, b.Post(oauth.PathAccount, form).Status)
+	}
+	rows := f.rows()
+	require.Equal(t, 32, rows["oauth_device_accounts"])
+	require.Equal(t, 32, rows["oauth_devices"])
+}
