@@ -1,9 +1,9 @@
 -- +goose Up
 
 -- A browser is bound to the authorization request it opened by the hash of
--- its cookie, before anyone has signed in on it: oauth_devices rows exist
--- only for browsers someone signed in on, so the request no longer points
--- at one.
+-- its cookie, before anyone has signed in on it, while oauth_devices holds
+-- only browsers someone signed in on: oauth_requests.device_id names a
+-- browser, which may have no row.
 ALTER TABLE oauth_requests DROP CONSTRAINT oauth_requests_device_id_fkey;
 
 -- Pending requests are counted per client at every pushed request (the

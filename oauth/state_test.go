@@ -155,7 +155,7 @@ func TestAccountRememberedOnBoundedBrowsers(t *testing.T) {
 	f := setup(t)
 	for range 40 {
 		b := f.browser()
-		form := b.Get(f.srv.URL + oauth.PathAccount).FormFields(t, "signin-form")
+		form := b.Get(f.srv.URL+oauth.PathAccount).FormFields(t, "signin-form")
 		form.Set("identifier", "bob.test")
 		form.Set("password", "bob password")
 		require.Equal(t, http.StatusSeeOther, b.Post(oauth.PathAccount, form).Status)
