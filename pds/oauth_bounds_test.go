@@ -120,8 +120,6 @@ func TestOAuthAnonymousBurstLeavesBoundedState(t *testing.T) {
 	})
 	app := e.app("flood", "atproto")
 	clientID, redirect := app.Config.ClientID, app.Config.CallbackURL
-	policy := ratelimit.DefaultPolicies()
-	limit := func(name string) int { return policy[name][0].Limit }
 	fl := &oauthFlooder{t: t, e: e, http: &http.Client{}, status: map[string]map[int]int{}, key: dpoptest.NewKey()}
 	before := e.oauthRows(t)
 	start := time.Now()
@@ -138,42 +136,7 @@ func TestOAuthAnonymousBurstLeavesBoundedState(t *testing.T) {
 		authURLs = append(authURLs, oauth.PathAuthorize+"?"+url.Values{"client_id": {clientID}, "request_uri": {out.RequestURI}}.Encode())
 	}
 
-	// The pages: each variant more often than the pages' limit allows in
-	// all.
-	pages := limit(ratelimit.PolicyOAuthPage)
-	withCookie := jarClient(t)
-	forged := url.Values{"csrf_token": {"forged"}, "action": {"signin"}, "identifier": {"nobody.test"}, "password": {"x"}}
-	for i := range pages/4 + 10 {
-		fl.send("account", http.MethodGet, oauth.PathAccount, nil, nil, nil)
-		fl.send("account", http.MethodGet, oauth.PathAccount, nil, nil, withCookie)
-		fl.send("account", http.MethodPost, oauth.PathAccount, forged, nil, withCookie)
-		fl.send("authorize", http.MethodGet, authURLs[i%len(authURLs)], nil, nil, nil)
-		fl.send("authorize", http.MethodGet, authURLs[0], nil, nil, withCookie)
-		fl.send("authorize", http.MethodGet, oauth.PathAuthorize+"?request_uri=nope", nil, nil, nil)
-		fl.send("authorize", http.MethodPost, oauth.PathAuthorize, forged, nil, withCookie)
-	}
-	// Metadata and the stylesheet.
-	for range limit(ratelimit.PolicyOAuthMetadata)/3 + 10 {
-		for _, p := range []string{oauth.PathASMetadata, oauth.PathRSMetadata, oauth.PathStyle} {
-			fl.send("metadata", http.MethodGet, p, nil, nil, nil)
-		}
-	}
-	// Pushed requests, valid and not.
-	for i := range limit(ratelimit.PolicyOAuthPAR) + 20 {
-		if i%2 == 0 {
-			fl.par(parForm(clientID, redirect))
-		} else {
-			fl.send("par", http.MethodPost, oauth.PathPAR, parForm(clientID, redirect), nil, nil) // no DPoP
-		}
-	}
-	// Token and revocation requests with made-up tokens.
-	for i := range limit(ratelimit.PolicyOAuthToken) + 10 {
-		if i%2 == 0 {
-			fl.send("token", http.MethodPost, oauth.PathToken, url.Values{"client_id": {clientID}, "grant_type": {"refresh_token"}, "refresh_token": {"ref-x"}}, nil, nil)
-		} else {
-			fl.send("token", http.MethodPost, oauth.PathRevoke, url.Values{"client_id": {clientID}, "token": {"ref-x"}}, nil, nil)
-		}
-	}
+	fl.burstEveryRoute(clientID, redirect, authURLs)
 
 	for _, route := range []string{"account", "authorize", "metadata", "par", "token"} {
 		require.NotZero(t, fl.status[route][http.StatusTooManyRequests], "%s: %v", route, fl.status[route])
@@ -183,7 +146,7 @@ func TestOAuthAnonymousBurstLeavesBoundedState(t *testing.T) {
 	// request and two single-use values (its PKCE challenge and state).
 	// PARs allowed: the limit's worth and what its bucket refilled while
 	// the test ran.
-	par := policy[ratelimit.PolicyOAuthPAR][0]
+	par := ratelimit.DefaultPolicies()[ratelimit.PolicyOAuthPAR][0]
 	allowed := par.Limit + int(time.Since(start)*time.Duration(par.Limit)/par.Window)
 	accepted := fl.status["par"][http.StatusCreated]
 	require.LessOrEqual(t, accepted, allowed)
@@ -200,4 +163,64 @@ func TestOAuthAnonymousBurstLeavesBoundedState(t *testing.T) {
 		require.LessOrEqual(t, after[table]-before[table], bound[table], "%s: %v", table, after)
 	}
 	require.Equal(t, accepted, after["oauth_requests"]-before["oauth_requests"])
+}
+
+// burstEveryRoute sends requests to every OAuth route until each has been
+// refused a few times (the buckets refill as it runs): the pages as
+// anonymous browsers and as one with a cookie, the metadata, valid and
+// invalid pushed requests from the app at clientID, and token and
+// revocation requests with made-up tokens.
+func (fl *oauthFlooder) burstEveryRoute(clientID, redirect string, authURLs []string) {
+	t := fl.t
+	policy := ratelimit.DefaultPolicies()
+	limit := func(name string) int { return policy[name][0].Limit }
+	const refusals = 20
+	burst := func(route string, policy string, send func(i int)) {
+		for i := 0; fl.status[route][http.StatusTooManyRequests] < refusals; i++ {
+			require.Less(t, i, 3*limit(policy), "%s: no 429 yet: %v", route, fl.status[route])
+			send(i)
+		}
+	}
+	// The pages, every variant over and over, as anonymous browsers and
+	// as one with a cookie.
+	withCookie := jarClient(t)
+	forged := url.Values{"csrf_token": {"forged"}, "action": {"signin"}, "identifier": {"nobody.test"}, "password": {"x"}}
+	pageVariants := []func(i int){
+		func(int) { fl.send("account", http.MethodGet, oauth.PathAccount, nil, nil, nil) },
+		func(int) { fl.send("account", http.MethodGet, oauth.PathAccount, nil, nil, withCookie) },
+		func(int) { fl.send("account", http.MethodPost, oauth.PathAccount, forged, nil, withCookie) },
+		func(i int) { fl.send("authorize", http.MethodGet, authURLs[i%len(authURLs)], nil, nil, nil) },
+		func(int) { fl.send("authorize", http.MethodGet, authURLs[0], nil, nil, withCookie) },
+		func(int) {
+			fl.send("authorize", http.MethodGet, oauth.PathAuthorize+"?request_uri=nope", nil, nil, nil)
+		},
+		func(int) { fl.send("authorize", http.MethodPost, oauth.PathAuthorize, forged, nil, withCookie) },
+	}
+	burst("account", ratelimit.PolicyOAuthPage, func(i int) {
+		for _, v := range pageVariants {
+			v(i)
+		}
+	})
+	// Metadata and the stylesheet.
+	burst("metadata", ratelimit.PolicyOAuthMetadata, func(i int) {
+		p := []string{oauth.PathASMetadata, oauth.PathRSMetadata, oauth.PathStyle}[i%3]
+		fl.send("metadata", http.MethodGet, p, nil, nil, nil)
+	})
+	// Pushed requests, valid and not.
+	burst("par", ratelimit.PolicyOAuthPAR, func(i int) {
+		if i%2 == 0 {
+			fl.par(parForm(clientID, redirect))
+		} else {
+			fl.send("par", http.MethodPost, oauth.PathPAR, parForm(clientID, redirect), nil, nil) // no DPoP
+		}
+	})
+	// Token and revocation requests with made-up tokens.
+	burst("token", ratelimit.PolicyOAuthToken, func(i int) {
+		if i%2 == 0 {
+			fl.send("token", http.MethodPost, oauth.PathToken, url.Values{"client_id": {clientID}, "grant_type": {"refresh_token"}, "refresh_token": {"ref-x"}}, nil, nil)
+		} else {
+			fl.send("token", http.MethodPost, oauth.PathRevoke, url.Values{"client_id": {clientID}, "token": {"ref-x"}}, nil, nil)
+		}
+	})
+
 }
