@@ -17,11 +17,7 @@ var errAccountFormExpired = &pageError{status: http.StatusForbidden, title: "Thi
 // button to take each one's access back.
 func (s *Server) handleAccountGet(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d, err := s.ensureDevice(ctx, w, r)
-	if err != nil {
-		s.showPageError(w, internalPageError(err))
-		return
-	}
+	d := s.browserDevice(w, r)
 	data := &pageData{Title: accountTitle, CSRF: s.csrfToken(d), FormAction: PathAccount}
 	accounts, err := s.signedIn(ctx, d)
 	if err != nil {
@@ -71,7 +67,7 @@ func (s *Server) handleAccountPost(w http.ResponseWriter, r *http.Request) {
 				Identifier: r.PostFormValue("identifier"), FormAction: PathAccount}, "")
 			return
 		}
-		if err := s.signInDevice(ctx, d, a.DID); err != nil {
+		if _, err := s.signInDevice(ctx, w, r, d, a.DID); err != nil {
 			s.showPageError(w, internalPageError(err))
 			return
 		}

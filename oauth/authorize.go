@@ -46,11 +46,7 @@ func (s *Server) readPagePost(w http.ResponseWriter, r *http.Request, expired *p
 		s.showPageError(w, &pageError{status: http.StatusBadRequest, title: "This form could not be read", message: "Go back and try again."})
 		return nil, false
 	}
-	d, ok, err := s.checkCSRF(r.Context(), r)
-	if err != nil {
-		s.showPageError(w, internalPageError(err))
-		return nil, false
-	}
+	d, ok = s.checkCSRF(r)
 	if !ok {
 		s.showPageError(w, expired)
 		return nil, false
@@ -120,12 +116,8 @@ func (s *Server) handleAuthorizeGet(w http.ResponseWriter, r *http.Request) {
 		s.showPageError(w, perr)
 		return
 	}
-	d, err := s.ensureDevice(ctx, w, r)
-	if err != nil {
-		s.showPageError(w, internalPageError(err))
-		return
-	}
-	err = execOne(ctx, s.db, qBindRequest, req.ID, d.ID, s.cfg.Now().Add(InteractionTTL))
+	d := s.browserDevice(w, r)
+	err := execOne(ctx, s.db, qBindRequest, req.ID, d.ID, s.cfg.Now().Add(InteractionTTL))
 	if errors.Is(err, db.ErrNotFound) {
 		s.showPageError(w, errRequestGone)
 		return
@@ -258,10 +250,12 @@ func (s *Server) postSignIn(f *flow) {
 		s.signInPage(f, http.StatusForbidden, "The app asked you to sign in as "+f.req.Params.LoginHint+". Sign in with that account.")
 		return
 	}
-	if err := s.signInDevice(ctx, f.d, a.DID); err != nil {
+	d, err := s.signInDevice(ctx, f.w, f.r, f.d, a.DID)
+	if err != nil {
 		s.showPageError(f.w, internalPageError(err))
 		return
 	}
+	f.d = d
 	s.consentPage(f, a)
 }
 

@@ -4,20 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
-	"mime"
 	"net"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	indigo "github.com/bluesky-social/indigo/atproto/auth/oauth"
 	"github.com/go-jose/go-jose/v4"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
 )
@@ -28,15 +22,12 @@ const (
 	MaxClientIDLen = 2048
 	// MaxDocumentBytes bounds a client metadata or JWKS document.
 	MaxDocumentBytes = 64 << 10
-	// FetchTimeout bounds one document fetch.
-	FetchTimeout = 10 * time.Second
+	// DefaultFetchTimeout bounds the fetch of a client's documents
+	// (metadata and key set together).
+	DefaultFetchTimeout = 5 * time.Second
 	// DefaultClientCacheTTL is how long a fetched document is used. Short
 	// enough that a confidential client's removed key stops working soon.
 	DefaultClientCacheTTL = 10 * time.Minute
-	// failureCacheTTL keeps a failed fetch from being retried at once.
-	failureCacheTTL = 30 * time.Second
-	// maxCachedClients bounds the cache.
-	maxCachedClients = 10000
 )
 
 // client is a validated client.
@@ -68,107 +59,43 @@ func (s *Server) clientName(c *client) string {
 	return u.Host
 }
 
-type cacheEntry struct {
-	client  *client
-	err     error
-	expires time.Time
-}
-
-type clientCache struct {
-	cfg   *Config
-	http  *http.Client
-	mu    sync.Mutex
-	items map[string]cacheEntry
-	group singleflight.Group
-}
-
-func newClientCache(cfg *Config) *clientCache {
-	hc := *cfg.HTTPClient
-	// The profile wants a 200 from the client_id URL itself, not a redirect.
-	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &clientCache{cfg: cfg, http: &hc, items: make(map[string]cacheEntry)}
-}
-
-func (cc *clientCache) ttl() time.Duration {
-	if cc.cfg.ClientCacheTTL > 0 {
-		return cc.cfg.ClientCacheTTL
-	}
-	return DefaultClientCacheTTL
-}
-
-// get returns the client for clientID, from the cache or freshly fetched.
-// Errors are *Error values for the client (invalid_client).
-func (cc *clientCache) get(ctx context.Context, clientID string) (*client, error) {
-	now := cc.cfg.Now()
-	cc.mu.Lock()
-	e, ok := cc.items[clientID]
-	cc.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return e.client, e.err
-	}
-	v, err, _ := cc.group.Do(clientID, func() (any, error) {
-		// Fetch with a context of its own: one caller giving up must not
-		// fail the others waiting on the same fetch.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FetchTimeout)
-		defer cancel()
-		c, err := cc.load(fctx, clientID)
-		entry := cacheEntry{client: c, err: err, expires: cc.cfg.Now().Add(cc.ttl())}
-		if err != nil {
-			entry.expires = cc.cfg.Now().Add(failureCacheTTL)
-		}
-		cc.mu.Lock()
-		if len(cc.items) >= maxCachedClients {
-			for k, old := range cc.items {
-				if !cc.cfg.Now().Before(old.expires) || len(cc.items) >= maxCachedClients {
-					delete(cc.items, k)
-				}
-				if len(cc.items) < maxCachedClients/2 {
-					break
-				}
-			}
-		}
-		cc.items[clientID] = entry
-		cc.mu.Unlock()
-		return c, err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return v.(*client), nil
-}
-
-func (cc *clientCache) load(ctx context.Context, clientID string) (*client, error) {
+// load validates clientID and builds its client, fetching its metadata
+// (and key set) for an https client_id. size is the bytes fetched.
+func (cc *clientCache) load(ctx context.Context, clientID string) (c *client, size int, err error) {
 	if len(clientID) > MaxClientIDLen {
-		return nil, invalidClient("client_id is longer than %d bytes", MaxClientIDLen)
+		return nil, 0, invalidClient("client_id is longer than %d bytes", MaxClientIDLen)
 	}
 	if strings.HasPrefix(clientID, "http://") {
 		if cc.cfg.DisableLocalhostClients {
-			return nil, invalidClient("development (http://localhost) clients are not allowed on this server")
+			return nil, 0, invalidClient("development (http://localhost) clients are not allowed on this server")
 		}
-		return localhostClient(clientID)
+		c, err := localhostClient(clientID)
+		return c, 0, err
 	}
 	if err := checkClientIDURL(clientID, cc.cfg.AllowPrivateClientIDs); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var md indigo.ClientMetadata
-	if err := cc.fetchJSON(ctx, clientID, &md); err != nil {
-		return nil, invalidClient("client metadata: %v", err)
+	size, err = cc.fetchJSON(ctx, clientID, &md)
+	if err != nil {
+		return nil, size, cc.fetchFailed(clientID, "the client metadata document", clientID, err)
 	}
 	if err := md.Validate(clientID); err != nil {
-		return nil, invalidClient("%v", err)
+		return nil, size, invalidClient("%v", err)
 	}
-	c := &client{ID: clientID, Metadata: md}
+	c = &client{ID: clientID, Metadata: md}
 	if err := checkMetadata(c); err != nil {
-		return nil, err
+		return nil, size, err
 	}
 	if c.confidential() {
-		keys, err := cc.clientKeys(ctx, &md)
+		keys, n, err := cc.clientKeys(ctx, clientID, &md)
+		size += n
 		if err != nil {
-			return nil, err
+			return nil, size, err
 		}
 		c.Keys = keys
 	}
-	return c, nil
+	return c, size, nil
 }
 
 // checkClientIDURL applies the profile's rules to an https client_id.
@@ -203,39 +130,6 @@ func hasLocalSuffix(host string) bool {
 		}
 	}
 	return false
-}
-
-// fetchJSON GETs an https document of at most MaxDocumentBytes that must
-// answer exactly 200 with a JSON content type.
-func (cc *clientCache) fetchJSON(ctx context.Context, u string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := cc.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("fetch failed: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("fetch answered HTTP %d (want 200)", resp.StatusCode)
-	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt != "application/json" {
-		return fmt.Errorf("content type %q is not application/json", mt)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxDocumentBytes+1))
-	if err != nil {
-		return fmt.Errorf("reading document: %w", err)
-	}
-	if len(body) > MaxDocumentBytes {
-		return fmt.Errorf("document is larger than %d bytes", MaxDocumentBytes)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("document is not valid JSON: %w", err)
-	}
-	return nil
 }
 
 // checkMetadata adds the profile's rules indigo's Validate leaves out.
@@ -331,28 +225,29 @@ func redirectAllowed(c *client, redirect string) bool {
 }
 
 // clientKeys returns a confidential client's assertion keys: from jwks, or
-// fetched from jwks_uri (with the metadata document's limits).
-func (cc *clientCache) clientKeys(ctx context.Context, md *indigo.ClientMetadata) ([]jose.JSONWebKey, error) {
+// fetched from jwks_uri (with the metadata document's limits). size is
+// the bytes fetched.
+func (cc *clientCache) clientKeys(ctx context.Context, clientID string, md *indigo.ClientMetadata) (keys []jose.JSONWebKey, size int, err error) {
 	var raw struct {
 		Keys []json.RawMessage `json:"keys"`
 	}
 	if md.JWKSURI != nil {
 		if err := checkClientIDURL(*md.JWKSURI, cc.cfg.AllowPrivateClientIDs); err != nil {
-			return nil, invalidClient("jwks_uri must be a public https URL")
+			return nil, 0, invalidClient("jwks_uri must be a public https URL")
 		}
-		if err := cc.fetchJSON(ctx, *md.JWKSURI, &raw); err != nil {
-			return nil, invalidClient("jwks_uri: %v", err)
+		size, err = cc.fetchJSON(ctx, *md.JWKSURI, &raw)
+		if err != nil {
+			return nil, size, cc.fetchFailed(clientID, "the key set at jwks_uri", *md.JWKSURI, err)
 		}
 	} else {
 		for _, k := range md.JWKS.Keys {
 			b, err := json.Marshal(k)
 			if err != nil {
-				return nil, invalidClient("jwks: %v", err)
+				return nil, 0, invalidClient("jwks: %v", err)
 			}
 			raw.Keys = append(raw.Keys, b)
 		}
 	}
-	var keys []jose.JSONWebKey
 	for _, b := range raw.Keys {
 		var m map[string]any
 		if json.Unmarshal(b, &m) == nil {
@@ -370,9 +265,9 @@ func (cc *clientCache) clientKeys(ctx context.Context, md *indigo.ClientMetadata
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
-		return nil, invalidClient("the client's key set has no usable public key")
+		return nil, size, invalidClient("the client's key set has no usable public key")
 	}
-	return keys, nil
+	return keys, size, nil
 }
 
 // localhostClient builds the virtual metadata of a development client:
@@ -431,13 +326,4 @@ func localhostClient(clientID string) (*client, error) {
 func errIsClient(err error) bool {
 	var oe *Error
 	return errors.As(err, &oe) && oe.Status < 500
-}
-
-// ForgetClient drops a client's cached metadata, so the next request
-// fetches it again (for an operator told that a client rotated a
-// compromised key).
-func (s *Server) ForgetClient(clientID string) {
-	s.clients.mu.Lock()
-	defer s.clients.mu.Unlock()
-	delete(s.clients.items, clientID)
 }

@@ -125,17 +125,16 @@ func (s *Server) checkAssertionClaims(payload []byte, clientID string) (string, 
 	if iat.Before(now.Add(-assertionMaxAge)) || iat.After(now.Add(assertionLeeway)) {
 		return "", time.Time{}, invalidClient("client_assertion iat is too old or in the future")
 	}
-	remember := iat.Add(assertionMaxAge + assertionLeeway)
 	if c.Exp != nil {
 		exp := time.Unix(int64(*c.Exp), 0)
 		if !exp.After(now.Add(-assertionLeeway)) {
 			return "", time.Time{}, invalidClient("client_assertion has expired")
 		}
-		if exp.After(remember) {
-			remember = exp
-		}
 	}
-	return c.JTI, remember, nil
+	// Past this the iat check refuses the assertion whatever its exp says,
+	// so the jti need not be remembered longer (and a far exp cannot keep
+	// a row for years).
+	return c.JTI, iat.Add(assertionMaxAge + assertionLeeway), nil
 }
 
 // audienceIncludes accepts aud as a string or an array of strings.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/db"
 )
@@ -22,10 +23,15 @@ const (
 	// csrfField is the hidden form field carrying the CSRF token.
 	csrfField      = "csrf_token"
 	maxUserAgent   = 256
+	minCookieValue = 32
 	maxCookieValue = 128
 )
 
-// device is a browser known to the sign-in pages.
+// device is a browser that opened the sign-in pages: the random secret
+// its cookie holds, and that secret's hash, which binds authorization
+// requests to the browser. Nothing is stored for a browser until someone
+// signs in on it (signInDevice): opening pages, anonymously and as often
+// as anyone likes, leaves no row behind.
 type device struct {
 	ID []byte
 	// secret is the cookie value; CSRF tokens are derived from it.
@@ -39,57 +45,55 @@ func (s *Server) cookieName(base string) string {
 	return base
 }
 
-// existingDevice returns the browser's device session, or nil.
-func (s *Server) existingDevice(ctx context.Context, r *http.Request) (*device, error) {
+// cookieDevice returns the browser the request's cookie names, or nil.
+// Nothing is looked up: whether anyone is signed in on it is
+// oauth_device_accounts' to say.
+func (s *Server) cookieDevice(r *http.Request) *device {
 	ck, err := r.Cookie(s.cookieName(deviceCookie))
-	if err != nil || ck.Value == "" || len(ck.Value) > maxCookieValue {
-		return nil, nil
+	if err != nil || len(ck.Value) < minCookieValue || len(ck.Value) > maxCookieValue || !opaqueID(ck.Value) {
+		return nil
 	}
-	id := hashSecret(ck.Value)
-	err = execOne(ctx, s.db, qTouchDevice, id, s.cfg.Now().Add(DefaultDeviceTTL))
-	if errors.Is(err, db.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &device{ID: id, secret: ck.Value}, nil
+	return &device{ID: hashSecret(ck.Value), secret: ck.Value}
 }
 
-// ensureDevice returns the browser's device session, starting one (and
-// setting its cookie) if it has none.
-func (s *Server) ensureDevice(ctx context.Context, w http.ResponseWriter, r *http.Request) (*device, error) {
-	d, err := s.existingDevice(ctx, r)
-	if err != nil || d != nil {
-		return d, err
+// browserDevice returns the request's browser, giving it a cookie when it
+// has none. Nothing is stored.
+func (s *Server) browserDevice(w http.ResponseWriter, r *http.Request) *device {
+	if d := s.cookieDevice(r); d != nil {
+		return d
 	}
+	d := newDevice()
+	s.setDeviceCookie(w, d)
+	return d
+}
+
+func newDevice() *device {
 	secret := randomToken(32)
-	ua := r.UserAgent()
-	if len(ua) > maxUserAgent {
-		ua = ua[:maxUserAgent]
-	}
-	ua = strings.ToValidUTF8(strings.ReplaceAll(ua, "\x00", ""), "")
-	d = &device{ID: hashSecret(secret), secret: secret}
-	if _, err := s.db.Exec(ctx, qInsertDevice, d.ID, ua, s.cfg.Now().Add(DefaultDeviceTTL)); err != nil {
-		return nil, db.Translate(err)
-	}
+	return &device{ID: hashSecret(secret), secret: secret}
+}
+
+func (s *Server) setDeviceCookie(w http.ResponseWriter, d *device) {
 	http.SetCookie(w, &http.Cookie{
 		Name:     s.cookieName(deviceCookie),
-		Value:    secret,
+		Value:    d.secret,
 		Path:     "/",
-		MaxAge:   int(DefaultDeviceTTL.Seconds()),
+		MaxAge:   int(s.cfg.SignInTTL.Seconds()),
 		HttpOnly: true,
 		Secure:   s.secure,
 		SameSite: http.SameSiteLaxMode,
 	})
-	return d, nil
 }
 
-// csrfToken is the token forms of this device must carry: an HMAC of the
+// csrfPurpose separates the form tokens from anything else that might
+// one day be derived from the cookie with the same key.
+const csrfPurpose = "bulwark oauth form\x00"
+
+// csrfToken is the token forms of this browser must carry: an HMAC of the
 // device cookie, so a page on another origin can neither read nor forge
-// it, and no state is kept for it.
+// it, and no state is kept for it, before or after sign-in.
 func (s *Server) csrfToken(d *device) string {
 	mac := hmac.New(sha256.New, s.csrfKey)
+	mac.Write([]byte(csrfPurpose))
 	mac.Write([]byte(d.secret))
 	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
@@ -97,22 +101,22 @@ func (s *Server) csrfToken(d *device) string {
 // checkCSRF verifies a POST from one of our pages: the device cookie,
 // the token derived from it, and (when the browser says) a same-origin
 // request.
-func (s *Server) checkCSRF(ctx context.Context, r *http.Request) (*device, bool, error) {
+func (s *Server) checkCSRF(r *http.Request) (*device, bool) {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
-		return nil, false, nil
+		return nil, false
 	}
 	if origin := r.Header.Get("Origin"); origin != "" && origin != "null" && origin != s.cfg.Issuer {
-		return nil, false, nil
+		return nil, false
 	}
-	d, err := s.existingDevice(ctx, r)
-	if err != nil || d == nil {
-		return nil, false, err
+	d := s.cookieDevice(r)
+	if d == nil {
+		return nil, false
 	}
 	got := r.PostFormValue(csrfField)
 	if got == "" || !hmac.Equal([]byte(got), []byte(s.csrfToken(d))) {
-		return nil, false, nil
+		return nil, false
 	}
-	return d, true, nil
+	return d, true
 }
 
 // signedIn returns the accounts signed in on d that may still use OAuth.
@@ -135,15 +139,51 @@ func (s *Server) signedIn(ctx context.Context, d *device) ([]Account, error) {
 	return out, nil
 }
 
-// signInDevice remembers that acct signed in on d.
-func (s *Server) signInDevice(ctx context.Context, d *device, did syntax.DID) error {
-	_, err := s.db.Exec(ctx, qUpsertDeviceAccount, d.ID, string(did), s.cfg.Now().Add(s.cfg.SignInTTL))
-	return db.Translate(err)
+// signInDevice remembers that did signed in on the browser of old: the
+// first state kept for a browser. The browser gets a fresh cookie (so a
+// cookie planted before the sign-in is worth nothing after it), under
+// which the accounts already signed in on it and the requests it has open
+// carry on. It returns the browser under its new cookie.
+func (s *Server) signInDevice(ctx context.Context, w http.ResponseWriter, r *http.Request, old *device, did syntax.DID) (*device, error) {
+	d := newDevice()
+	ua := r.UserAgent()
+	if len(ua) > maxUserAgent {
+		ua = ua[:maxUserAgent]
+	}
+	ua = strings.ToValidUTF8(strings.ReplaceAll(ua, "\x00", ""), "")
+	expires := s.cfg.Now().Add(s.cfg.SignInTTL)
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qInsertDevice, d.ID, ua, expires); err != nil {
+			return err
+		}
+		for _, q := range []string{qMoveDeviceAccounts, qMoveDeviceRequests} {
+			if _, err := tx.Exec(ctx, q, old.ID, d.ID); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, qDeleteDevice, old.ID); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, qUpsertDeviceAccount, d.ID, string(did), expires); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, qTrimAccountDevices, string(did), maxDevicesPerAccount)
+		return err
+	})
+	if err != nil {
+		return nil, db.Translate(err)
+	}
+	s.setDeviceCookie(w, d)
+	return d, nil
 }
 
-// signOutDevice forgets acct on d.
+// signOutDevice forgets did on d, and d itself once no one is signed in
+// on it.
 func (s *Server) signOutDevice(ctx context.Context, d *device, did syntax.DID) error {
-	_, err := s.db.Exec(ctx, qDeleteDeviceAccount, d.ID, string(did))
+	if _, err := s.db.Exec(ctx, qDeleteDeviceAccount, d.ID, string(did)); err != nil {
+		return db.Translate(err)
+	}
+	_, err := s.db.Exec(ctx, qDeleteDeviceIfUnused, d.ID)
 	return db.Translate(err)
 }
 

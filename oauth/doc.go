@@ -14,8 +14,18 @@
 // Browser pages (sign-in, account choice, consent, connected apps) are
 // server-rendered with html/template: no scripts, one stylesheet served
 // from this package, a strict Content-Security-Policy, and a CSRF token
-// derived from the device cookie on every form.
+// derived from the browser's cookie on every form. Nothing is stored for
+// a browser until someone signs in on it (device.go), and it then gets a
+// fresh cookie.
 //
-// State lives in Postgres (migrations/00013_oauth.sql); the client
-// metadata cache and the DPoP replay memory are per process.
+// Nothing a visitor or an app sends grows the state without bound
+// (limits.go): every route is under a per-address rate limit
+// (Config.Limits), PAR and token also per client_id; pending requests are
+// capped per client and overall, single-use values and spent refresh
+// tokens trimmed, and the client metadata cache (clientcache.go) bounded
+// in entries, bytes and concurrent fetches.
+//
+// State lives in Postgres (migrations/00013_oauth.sql,
+// 00016_oauth_bounds.sql); the client metadata cache, the DPoP replay
+// memory and the rate limits are per process.
 package oauth

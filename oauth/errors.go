@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // OAuth error codes (RFC 6749, RFC 9449, RFC 6750).
@@ -36,6 +39,8 @@ type Error struct {
 	Code        string
 	Description string
 	cause       error
+	// retryAfter, when set, is sent as Retry-After.
+	retryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -87,14 +92,22 @@ func asError(err error) *Error {
 	return serverError(err)
 }
 
-// writeJSON writes a JSON response that must not be cached.
+// writeJSON writes a JSON response that must not be cached. It carries
+// its length, so that the client has the whole answer at once even when
+// the connection is then held (a refusal's cool-off).
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"server_error"}`)
+	}
+	body = append(body, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	h.Set("Pragma", "no-cache")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(body)
 }
 
 // answer writes the outcome of a request to one of the JSON endpoints:
@@ -112,11 +125,14 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, status int, res 
 // response of the JSON endpoints carries the current DPoP nonce.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	oe := asError(err)
-	if oe.Status >= 500 {
+	if oe.Status >= 500 && oe.Code != CodeUnavailable {
 		s.log.Error("oauth request failed", "path", r.URL.Path, "err", err)
 	} else {
 		s.log.Debug("oauth request refused", "path", r.URL.Path, "code", oe.Code, "err", err)
 	}
 	w.Header().Set("DPoP-Nonce", s.dpop.Nonce())
+	if oe.retryAfter > 0 {
+		w.Header().Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(oe.retryAfter), 10))
+	}
 	writeJSON(w, oe.Status, map[string]string{"error": oe.Code, "error_description": oe.Description})
 }

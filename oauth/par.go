@@ -15,6 +15,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Request limits.
@@ -111,8 +112,9 @@ func (s *Server) handlePAR(w http.ResponseWriter, r *http.Request) {
 }
 
 // readClientPost reads a client's form post to path (the PAR or the token
-// endpoint, which both require a DPoP proof and a client_id).
-func (s *Server) readClientPost(w http.ResponseWriter, r *http.Request, path string) (form url.Values, clientID string, proof *dpop.Proof, err error) {
+// endpoint, which both require a DPoP proof and a client_id) and spends a
+// point of the client's policy, before anything is fetched for it.
+func (s *Server) readClientPost(w http.ResponseWriter, r *http.Request, path, policy string) (form url.Values, clientID string, proof *dpop.Proof, err error) {
 	form, err = readForm(w, r)
 	if err != nil {
 		return nil, "", nil, err
@@ -121,15 +123,28 @@ func (s *Server) readClientPost(w http.ResponseWriter, r *http.Request, path str
 	if err != nil {
 		return nil, "", nil, err
 	}
-	clientID = form.Get("client_id")
-	if clientID == "" {
-		return nil, "", nil, invalidRequest("client_id is required")
+	clientID, err = s.formClientID(w, form, policy)
+	if err != nil {
+		return nil, "", nil, err
 	}
 	return form, clientID, proof, nil
 }
 
+// formClientID is the form's client_id, after a point of the client's
+// policy is spent.
+func (s *Server) formClientID(w http.ResponseWriter, form url.Values, policy string) (string, error) {
+	clientID := form.Get("client_id")
+	switch {
+	case clientID == "":
+		return "", invalidRequest("client_id is required")
+	case len(clientID) > MaxClientIDLen:
+		return "", invalidClient("client_id is longer than %d bytes", MaxClientIDLen)
+	}
+	return clientID, s.perClient(w, policy, clientID)
+}
+
 func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) (*parResponse, error) {
-	form, clientID, proof, err := s.readClientPost(w, r, PathPAR)
+	form, clientID, proof, err := s.readClientPost(w, r, PathPAR, ratelimit.PolicyOAuthClientPAR)
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +172,9 @@ func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http
 		ExpiresAt:  s.cfg.Now().Add(RequestTTL),
 	}
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if err := s.checkPending(ctx, tx, c.ID); err != nil {
+			return err
+		}
 		reuse := s.cfg.Now().Add(challengeReuseWindow)
 		if err := useValue(ctx, tx, "pkce", params.CodeChallenge, reuse); err != nil {
 			if errors.Is(err, errReused) {
@@ -175,6 +193,7 @@ func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http
 	if err != nil {
 		return nil, asError(db.Translate(err))
 	}
+	s.recordedValues(ctx, 2)
 	return &parResponse{RequestURI: requestURIPrefix + req.ID, ExpiresIn: int(RequestTTL / time.Second)}, nil
 }
 

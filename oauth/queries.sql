@@ -1,12 +1,38 @@
 -- Queries of package oauth (tables from migrations/00013_oauth.sql).
 
 -- name: InsertDevice
+-- A browser someone just signed in on (under a fresh cookie).
 INSERT INTO oauth_devices (id, user_agent, expires_at) VALUES ($1, $2, $3);
 
--- name: TouchDevice
-UPDATE oauth_devices SET last_seen_at = now(), expires_at = $2
-WHERE id = $1 AND expires_at > now()
-RETURNING id;
+-- name: MoveDeviceAccounts
+-- The accounts signed in under a browser's old cookie follow it to the
+-- new one.
+UPDATE oauth_device_accounts SET device_id = $2 WHERE device_id = $1 AND expires_at > now();
+
+-- name: MoveDeviceRequests
+UPDATE oauth_requests SET device_id = $2 WHERE device_id = $1 AND code_hash IS NULL;
+
+-- name: DeleteDevice
+DELETE FROM oauth_devices WHERE id = $1;
+
+-- name: DeleteDeviceIfUnused
+DELETE FROM oauth_devices d
+WHERE id = $1
+  AND NOT EXISTS (SELECT 1 FROM oauth_device_accounts a WHERE a.device_id = d.id AND a.expires_at > now());
+
+-- name: TrimAccountDevices
+-- An account is remembered on its most recent $2 browsers; a browser it
+-- was the last account of is forgotten with it.
+WITH gone AS (
+    DELETE FROM oauth_device_accounts a
+    USING (SELECT device_id FROM oauth_device_accounts WHERE did = $1 ORDER BY signed_in_at DESC OFFSET $2) old
+    WHERE a.did = $1 AND a.device_id = old.device_id
+    RETURNING a.device_id
+)
+DELETE FROM oauth_devices d
+USING gone
+WHERE d.id = gone.device_id
+  AND NOT EXISTS (SELECT 1 FROM oauth_device_accounts x WHERE x.device_id = d.id AND x.did <> $1 AND x.expires_at > now());
 
 -- name: DeviceAccounts
 SELECT did FROM oauth_device_accounts
@@ -20,6 +46,16 @@ ON CONFLICT (device_id, did) DO UPDATE SET signed_in_at = now(), expires_at = EX
 
 -- name: DeleteDeviceAccount
 DELETE FROM oauth_device_accounts WHERE device_id = $1 AND did = $2;
+
+-- name: LockClient
+-- Serialises one client's pushed requests, so its cap holds exactly.
+SELECT pg_advisory_xact_lock(hashtextextended('bulwark.oauth.client:' || $1, 0));
+
+-- name: CountPending
+-- Unapproved requests of client $1 (up to $2) and of all clients (up to
+-- $3), expired ones included until they are deleted.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM oauth_requests WHERE client_id = $1 AND code_hash IS NULL LIMIT $2) c)::int,
+       (SELECT count(*) FROM (SELECT 1 FROM oauth_requests WHERE code_hash IS NULL LIMIT $3) a)::int;
 
 -- name: InsertRequest
 INSERT INTO oauth_requests (id, client_id, params, dpop_jkt, client_auth, expires_at)
@@ -76,6 +112,12 @@ RETURNING id;
 -- name: InsertSpentRefresh
 INSERT INTO oauth_spent_refresh (hash, grant_id, expires_at) VALUES ($1, $2, $3);
 
+-- name: TrimSpentRefresh
+-- A grant remembers its $2 most recently spent refresh tokens.
+DELETE FROM oauth_spent_refresh s
+USING (SELECT hash FROM oauth_spent_refresh WHERE grant_id = $1 ORDER BY created_at DESC, hash OFFSET $2) old
+WHERE s.hash = old.hash;
+
 -- name: SpentRefreshGrant
 SELECT grant_id FROM oauth_spent_refresh WHERE hash = $1;
 
@@ -125,7 +167,16 @@ DELETE FROM oauth_used_values WHERE expires_at <= now();
 DELETE FROM oauth_device_accounts WHERE expires_at <= now();
 
 -- name: DeleteExpiredDevices
-DELETE FROM oauth_devices WHERE expires_at <= now();
+-- A browser is remembered only while an account is signed in on it.
+DELETE FROM oauth_devices d
+WHERE expires_at <= now()
+   OR NOT EXISTS (SELECT 1 FROM oauth_device_accounts a WHERE a.device_id = d.id AND a.expires_at > now());
 
 -- name: DeleteGrantsOfDID
 DELETE FROM oauth_grants WHERE did = $1;
+
+-- name: TrimValues
+-- PKCE challenges and states beyond the newest $1 are forgotten.
+DELETE FROM oauth_used_values u
+USING (SELECT kind, value FROM oauth_used_values WHERE kind IN ('pkce', 'state') ORDER BY expires_at DESC OFFSET $1) old
+WHERE u.kind = old.kind AND u.value = old.value;

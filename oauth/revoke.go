@@ -10,6 +10,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // handleRevoke is the revocation endpoint (RFC 7009). Revoking either
@@ -33,9 +34,9 @@ func (s *Server) revoke(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return err
 		}
 	}
-	clientID := form.Get("client_id")
-	if clientID == "" {
-		return invalidRequest("client_id is required")
+	clientID, err := s.formClientID(w, form, ratelimit.PolicyOAuthClientToken)
+	if err != nil {
+		return err
 	}
 	token := form.Get("token")
 	if token == "" {

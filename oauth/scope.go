@@ -139,20 +139,22 @@ func mimeMatches(pattern, mime string) bool {
 
 // CanRPC reports whether method lxm may be called on the service aud
 // (a DID service reference such as "did:web:api.bsky.app#bsky_appview"),
-// through the proxy or with a service-auth token.
+// through the proxy or with a service-auth token. An empty lxm is a
+// service-auth token good for any method, chat and account moves
+// included: only the wildcard permission rpc:*?aud=<aud> grants it.
 func (p *Permissions) CanRPC(lxm, aud string) bool {
 	// transition:generic is what an app password may do: not chat unless
 	// transition:chat.bsky is granted too, and never a token that lets
 	// another server create this account (a move), which only an explicit
 	// rpc: permission grants.
-	if p.generic && lxm != createAccountNSID && (!strings.HasPrefix(lxm, chatPrefix) || p.chat) {
+	if p.generic && lxm != "" && lxm != createAccountNSID && (!strings.HasPrefix(lxm, chatPrefix) || p.chat) {
 		return true
 	}
 	for _, perm := range p.perms {
 		if perm.Resource != "rpc" {
 			continue
 		}
-		if !slices.Contains(perm.Endpoint, "*") && !slices.Contains(perm.Endpoint, lxm) {
+		if !slices.Contains(perm.Endpoint, "*") && (lxm == "" || !slices.Contains(perm.Endpoint, lxm)) {
 			continue
 		}
 		if perm.Audience == "*" || perm.Audience == aud {

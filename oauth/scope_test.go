@@ -54,6 +54,7 @@ func TestPermissions(t *testing.T) {
 			{"timeline", canRPC("app.bsky.feed.getTimeline", appview), true},
 			{"chat", canRPC("chat.bsky.convo.listConvos", "did:web:api.bsky.chat#bsky_chat"), false},
 			{"move away", canRPC("com.atproto.server.createAccount", "did:web:other.example"), false},
+			{"token for any method", canRPC("", appview), false},
 			{"email", canAccount("email", "read"), false},
 			{"import", canAccount("repo", "manage"), false},
 			{"handle", canIdentity("handle"), false},
@@ -92,10 +93,13 @@ func TestPermissions(t *testing.T) {
 			{"timeline elsewhere", canRPC("app.bsky.feed.getTimeline", "did:web:evil.example#bsky_appview"), false},
 			{"report anywhere", canRPC("com.atproto.moderation.createReport", "did:plc:mod#atproto_labeler"), true},
 			{"other method", canRPC("app.bsky.feed.getFeed", appview), false},
+			{"token for any method", canRPC("", appview), false},
 		},
 		"atproto rpc?lxm=*&aud=did:web:api.bsky.app%23bsky_appview": {
 			{"any method at appview", canRPC("app.bsky.actor.getProfile", appview), true},
 			{"not elsewhere", canRPC("app.bsky.actor.getProfile", "did:web:other.example#x"), false},
+			{"token for any method at appview", canRPC("", appview), true},
+			{"token for any method elsewhere", canRPC("", "did:web:other.example#x"), false},
 		},
 		"atproto account:email account:repo?action=manage identity:handle": {
 			{"read email", canAccount("email", "read"), true},

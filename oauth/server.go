@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Lifetimes, as the atproto OAuth profile recommends them.
@@ -37,10 +39,31 @@ const (
 	// CodeTTL is how long an authorization code may wait for the token
 	// request.
 	CodeTTL = time.Minute
-	// DefaultDeviceTTL is how long a browser is remembered, and
-	// DefaultSignInTTL how long an account stays signed in on it.
-	DefaultDeviceTTL = 365 * 24 * time.Hour
+	// DefaultSignInTTL is how long an account stays signed in on a
+	// browser; the browser is remembered (an oauth_devices row) only while
+	// an account is signed in on it.
 	DefaultSignInTTL = 30 * 24 * time.Hour
+)
+
+// Bounds on what clients can make the server store.
+const (
+	// DefaultMaxPendingRequests bounds the pushed requests not yet
+	// approved, over all clients: at most this many rows wait for a
+	// browser, whatever the number of clients and addresses.
+	DefaultMaxPendingRequests = 10_000
+	// DefaultMaxPendingPerClient bounds one client_id's pushed requests not
+	// yet approved, so that one app cannot take the whole allowance.
+	DefaultMaxPendingPerClient = 1_000
+	// DefaultMaxUsedValues bounds the remembered PKCE challenges and states.
+	// Past it the oldest are forgotten first: under a flood a challenge may
+	// be accepted again sooner than a day after its first use.
+	DefaultMaxUsedValues = 100_000
+	// maxDevicesPerAccount bounds the browsers an account is remembered on;
+	// signing in on one more forgets the longest-signed-in.
+	maxDevicesPerAccount = 32
+	// maxSpentPerGrant bounds the spent refresh tokens remembered per
+	// grant (to revoke it when one comes back); the oldest are forgotten.
+	maxSpentPerGrant = 64
 )
 
 // Endpoint paths under the issuer.
@@ -102,12 +125,32 @@ type Config struct {
 	// ClientCacheTTL is how long a fetched client metadata document is
 	// used; zero means DefaultClientCacheTTL.
 	ClientCacheTTL time.Duration
+	// FetchTimeout bounds the fetch of a client's documents; zero means
+	// DefaultFetchTimeout.
+	FetchTimeout time.Duration
 	// SignInTTL is how long an account stays signed in on a browser; zero
 	// means DefaultSignInTTL.
 	SignInTTL time.Duration
 	// DPoP tunes proof checking (nonce rotation, iat window, replay
 	// memory); its Secret and Now are filled in from this Config.
 	DPoP dpop.Config
+	// Limits are the rate limits of the endpoints
+	// (ratelimit.PolicyOAuth*): every route per client address, PAR,
+	// token and revocation also per client_id. nil means none (tests
+	// that are not about them).
+	Limits *ratelimit.Set
+	// ClientAddr is the address a request came from, as the rate limits
+	// see it (the forwarded address behind a trusted proxy); nil means
+	// the TCP peer.
+	ClientAddr func(*http.Request) netip.Addr
+	// MaxPendingRequests bounds the pushed requests not yet approved, over
+	// all clients, and MaxPendingPerClient those of one client_id; zero
+	// means DefaultMaxPendingRequests and DefaultMaxPendingPerClient.
+	MaxPendingRequests  int
+	MaxPendingPerClient int
+	// MaxUsedValues bounds the remembered PKCE challenges and states
+	// (refused again for a day); zero means DefaultMaxUsedValues.
+	MaxUsedValues int
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for tokens and proofs; nil means time.Now.
@@ -157,6 +200,7 @@ type Server struct {
 	secure   bool // cookies get the Secure flag (https issuer)
 	log      *slog.Logger
 	pages    *pages
+	trim     valueTrim
 }
 
 // New returns a Server.
@@ -234,23 +278,38 @@ func (s *Server) endpoint(path string) string { return s.cfg.Issuer + path }
 
 // Routes registers every endpoint on mux: the two metadata documents,
 // PAR, authorize (the sign-in and consent pages), token, revoke, the
-// account page and the pages' stylesheet.
-func (s *Server) Routes(mux *http.ServeMux) {
-	mux.HandleFunc("GET "+PathASMetadata, s.cors(s.handleASMetadata))
-	mux.HandleFunc("GET "+PathRSMetadata, s.cors(s.handleRSMetadata))
-	mux.HandleFunc("POST "+PathPAR, s.cors(s.handlePAR))
-	mux.HandleFunc("POST "+PathToken, s.cors(s.handleToken))
-	mux.HandleFunc("POST "+PathRevoke, s.cors(s.handleRevoke))
+// account page and the pages' stylesheet. Every route is under a
+// per-address rate limit (Config.Limits), checked before anything else.
+func (s *Server) Routes(mux Mux) {
+	api := func(policy string, h http.HandlerFunc) http.HandlerFunc {
+		return s.cors(s.perAddress(policy, false, h))
+	}
+	page := func(h http.HandlerFunc) http.HandlerFunc { return s.perAddress(ratelimit.PolicyOAuthPage, true, h) }
+	mux.HandleFunc("GET "+PathASMetadata, api(ratelimit.PolicyOAuthMetadata, s.handleASMetadata))
+	mux.HandleFunc("GET "+PathRSMetadata, api(ratelimit.PolicyOAuthMetadata, s.handleRSMetadata))
+	mux.HandleFunc("POST "+PathPAR, api(ratelimit.PolicyOAuthPAR, s.handlePAR))
+	mux.HandleFunc("POST "+PathToken, api(ratelimit.PolicyOAuthToken, s.handleToken))
+	mux.HandleFunc("POST "+PathRevoke, api(ratelimit.PolicyOAuthToken, s.handleRevoke))
 	for _, p := range []string{PathASMetadata, PathRSMetadata, PathPAR, PathToken, PathRevoke} {
-		mux.HandleFunc("OPTIONS "+p, s.cors(func(w http.ResponseWriter, r *http.Request) {
+		mux.HandleFunc("OPTIONS "+p, api(ratelimit.PolicyOAuthMetadata, func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 		}))
 	}
-	mux.HandleFunc("GET "+PathAuthorize, s.handleAuthorizeGet)
-	mux.HandleFunc("POST "+PathAuthorize, s.handleAuthorizePost)
-	mux.HandleFunc("GET "+PathAccount, s.handleAccountGet)
-	mux.HandleFunc("POST "+PathAccount, s.handleAccountPost)
-	mux.HandleFunc("GET "+PathStyle, s.handleStyle)
+	mux.HandleFunc("GET "+PathAuthorize, page(s.handleAuthorizeGet))
+	mux.HandleFunc("POST "+PathAuthorize, page(s.handleAuthorizePost))
+	mux.HandleFunc("GET "+PathAccount, page(s.handleAccountGet))
+	mux.HandleFunc("POST "+PathAccount, page(s.handleAccountPost))
+	mux.HandleFunc("GET "+PathStyle, s.perAddress(ratelimit.PolicyOAuthMetadata, false, s.handleStyle))
+	// Anything else under /oauth/ (a wrong path or method) is answered
+	// here, under a limit too.
+	mux.HandleFunc("/oauth/", api(ratelimit.PolicyOAuthMetadata, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not_found", "error_description": "no such OAuth endpoint"})
+	}))
+}
+
+// Mux is where Routes registers the endpoints (an *http.ServeMux).
+type Mux interface {
+	HandleFunc(pattern string, handler func(http.ResponseWriter, *http.Request))
 }
 
 // Handler is a mux serving only Routes.

@@ -75,6 +75,7 @@ func (a *testAccounts) Get(ctx context.Context, did syntax.DID) (oauth.Account, 
 type fixture struct {
 	t        *testing.T
 	srv      *httptest.Server
+	mux      *http.ServeMux
 	oauth    *oauth.Server
 	pool     *pgxpool.Pool
 	accounts *testAccounts
@@ -98,6 +99,7 @@ func setup(t *testing.T, opts ...fixtureOpts) *fixture {
 	f := &fixture{t: t, accounts: &testAccounts{byID: map[string]*testAccount{}, byDID: map[syntax.DID]*testAccount{}},
 		dir: identity.NewMockDirectory(), docs: map[string]any{}}
 	mux := http.NewServeMux()
+	f.mux = mux
 	f.srv = httptest.NewUnstartedServer(mux)
 	f.srv.StartTLS()
 	t.Cleanup(f.srv.Close)

@@ -21,34 +21,43 @@ var queries = db.MustParseQueries(querySQL)
 
 // Statements, resolved once so that a typo fails at start-up.
 var (
-	qInsertDevice        = queries.MustGet("InsertDevice")
-	qTouchDevice         = queries.MustGet("TouchDevice")
-	qDeviceAccounts      = queries.MustGet("DeviceAccounts")
-	qUpsertDeviceAccount = queries.MustGet("UpsertDeviceAccount")
-	qDeleteDeviceAccount = queries.MustGet("DeleteDeviceAccount")
-	qInsertRequest       = queries.MustGet("InsertRequest")
-	qGetRequest          = queries.MustGet("GetRequest")
-	qBindRequest         = queries.MustGet("BindRequest")
-	qApproveRequest      = queries.MustGet("ApproveRequest")
-	qDeleteRequest       = queries.MustGet("DeleteRequest")
-	qUseCode             = queries.MustGet("UseCode")
-	qSpentCodeGrant      = queries.MustGet("SpentCodeGrant")
-	qSetRequestGrant     = queries.MustGet("SetRequestGrant")
-	qInsertGrant         = queries.MustGet("InsertGrant")
-	qGrantByRefresh      = queries.MustGet("GrantByRefresh")
-	qRotateRefresh       = queries.MustGet("RotateRefresh")
-	qInsertSpentRefresh  = queries.MustGet("InsertSpentRefresh")
-	qSpentRefreshGrant   = queries.MustGet("SpentRefreshGrant")
-	qDeleteGrant         = queries.MustGet("DeleteGrant")
-	qDeleteGrantOfDID    = queries.MustGet("DeleteGrantOfDID")
-	qDeleteGrantsOfDID   = queries.MustGet("DeleteGrantsOfDID")
-	qDeleteGrantOfClient = queries.MustGet("DeleteGrantOfClient")
-	qGrantIDByRefresh    = queries.MustGet("GrantIDByRefresh")
-	qActiveGrant         = queries.MustGet("ActiveGrant")
-	qListGrants          = queries.MustGet("ListGrants")
-	qUseValue            = queries.MustGet("UseValue")
-	qCleanup             = []string{
-		queries.MustGet("DeleteExpiredRequests"),
+	qInsertDevice          = queries.MustGet("InsertDevice")
+	qMoveDeviceAccounts    = queries.MustGet("MoveDeviceAccounts")
+	qMoveDeviceRequests    = queries.MustGet("MoveDeviceRequests")
+	qDeleteDevice          = queries.MustGet("DeleteDevice")
+	qDeleteDeviceIfUnused  = queries.MustGet("DeleteDeviceIfUnused")
+	qTrimAccountDevices    = queries.MustGet("TrimAccountDevices")
+	qLockClient            = queries.MustGet("LockClient")
+	qCountPending          = queries.MustGet("CountPending")
+	qTrimSpentRefresh      = queries.MustGet("TrimSpentRefresh")
+	qTrimValues            = queries.MustGet("TrimValues")
+	qDeleteExpiredRequests = queries.MustGet("DeleteExpiredRequests")
+	qDeviceAccounts        = queries.MustGet("DeviceAccounts")
+	qUpsertDeviceAccount   = queries.MustGet("UpsertDeviceAccount")
+	qDeleteDeviceAccount   = queries.MustGet("DeleteDeviceAccount")
+	qInsertRequest         = queries.MustGet("InsertRequest")
+	qGetRequest            = queries.MustGet("GetRequest")
+	qBindRequest           = queries.MustGet("BindRequest")
+	qApproveRequest        = queries.MustGet("ApproveRequest")
+	qDeleteRequest         = queries.MustGet("DeleteRequest")
+	qUseCode               = queries.MustGet("UseCode")
+	qSpentCodeGrant        = queries.MustGet("SpentCodeGrant")
+	qSetRequestGrant       = queries.MustGet("SetRequestGrant")
+	qInsertGrant           = queries.MustGet("InsertGrant")
+	qGrantByRefresh        = queries.MustGet("GrantByRefresh")
+	qRotateRefresh         = queries.MustGet("RotateRefresh")
+	qInsertSpentRefresh    = queries.MustGet("InsertSpentRefresh")
+	qSpentRefreshGrant     = queries.MustGet("SpentRefreshGrant")
+	qDeleteGrant           = queries.MustGet("DeleteGrant")
+	qDeleteGrantOfDID      = queries.MustGet("DeleteGrantOfDID")
+	qDeleteGrantsOfDID     = queries.MustGet("DeleteGrantsOfDID")
+	qDeleteGrantOfClient   = queries.MustGet("DeleteGrantOfClient")
+	qGrantIDByRefresh      = queries.MustGet("GrantIDByRefresh")
+	qActiveGrant           = queries.MustGet("ActiveGrant")
+	qListGrants            = queries.MustGet("ListGrants")
+	qUseValue              = queries.MustGet("UseValue")
+	qCleanup               = []string{
+		qDeleteExpiredRequests,
 		queries.MustGet("DeleteExpiredGrants"),
 		queries.MustGet("DeleteExpiredSpentRefresh"),
 		queries.MustGet("DeleteExpiredValues"),
@@ -209,12 +218,17 @@ func grantByRefresh(ctx context.Context, q db.DBTX, token string) (*grant, error
 }
 
 // rotateRefresh replaces the grant's refresh token and remembers the old
-// one as spent until the grant could have expired anyway.
+// one as spent until the grant could have expired anyway (the last
+// maxSpentPerGrant of them: a client refreshing in a loop must not grow
+// the table without bound).
 func rotateRefresh(ctx context.Context, q db.DBTX, g *grant, oldToken, newToken string, expires time.Time) error {
 	if err := execOne(ctx, q, qRotateRefresh, g.ID, hashSecret(oldToken), hashSecret(newToken), expires); err != nil {
 		return err
 	}
-	_, err := q.Exec(ctx, qInsertSpentRefresh, hashSecret(oldToken), g.ID, expires)
+	if _, err := q.Exec(ctx, qInsertSpentRefresh, hashSecret(oldToken), g.ID, expires); err != nil {
+		return db.Translate(err)
+	}
+	_, err := q.Exec(ctx, qTrimSpentRefresh, g.ID, maxSpentPerGrant)
 	return db.Translate(err)
 }
 
@@ -278,12 +292,17 @@ func deviceAccounts(ctx context.Context, q db.DBTX, device []byte) ([]syntax.DID
 }
 
 // Cleanup deletes expired requests, grants, spent tokens, single-use
-// values and device sessions. Call it every few minutes (Run does).
+// values and device sessions, browsers no one is signed in on any more,
+// and the oldest single-use values beyond MaxUsedValues. Call it every
+// few minutes (Run does).
 func (s *Server) Cleanup(ctx context.Context) error {
 	for _, sql := range qCleanup {
 		if _, err := s.db.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("oauth cleanup: %w", db.Translate(err))
 		}
+	}
+	if err := s.trimValues(ctx); err != nil {
+		return fmt.Errorf("oauth cleanup: %w", err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // TokenResponse is the token endpoint's answer. The atproto profile wants
@@ -37,7 +38,7 @@ func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) token(ctx context.Context, w http.ResponseWriter, r *http.Request) (*TokenResponse, error) {
-	form, clientID, proof, err := s.readClientPost(w, r, PathToken)
+	form, clientID, proof, err := s.readClientPost(w, r, PathToken, ratelimit.PolicyOAuthClientToken)
 	if err != nil {
 		return nil, err
 	}

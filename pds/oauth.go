@@ -15,7 +15,8 @@ import (
 // The OAuth authorization server (package oauth) on this server's mux:
 // the metadata documents, PAR, the sign-in and consent pages, token,
 // revocation and the connected-apps page, with accounts signed in through
-// the account service under the createSession rate limit.
+// the account service under the createSession rate limit, and every route
+// under the oauth* rate limits of the client's address.
 
 // newOAuth builds the authorization server of opts.OAuth over this
 // server's database and accounts.
@@ -26,6 +27,10 @@ func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
 	cfg := *opts.OAuth
 	cfg.Pool = s.db
 	cfg.Accounts = &oauthAccounts{s: s}
+	// Every OAuth route is under the server's limiters, keyed by the
+	// address the rest of the server sees.
+	cfg.Limits = s.protect.limits
+	cfg.ClientAddr = s.clientIP
 	if cfg.Logger == nil {
 		cfg.Logger = s.logger
 	}

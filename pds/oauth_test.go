@@ -40,9 +40,12 @@ func TestOAuthIndigoClientFlow(t *testing.T) {
 	require.Equal(t, u.handle, res.str(t, "handle"))
 	require.Empty(t, res.str(t, "email"), "no transition:email, no email")
 
-	// transition:generic mints service-auth tokens for any method but chat.
+	// transition:generic mints service-auth tokens for any method but chat,
+	// each naming its method: a token good for every method (no lxm) needs
+	// rpc:*.
 	e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.app&lxm=app.bsky.feed.getTimeline", nil).ok(t)
 	requireScopeRefusal(t, e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.chat&lxm=chat.bsky.convo.listConvos", nil), "rpc:chat.bsky.convo.listConvos")
+	requireScopeRefusal(t, e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.app", nil), "rpc:*?aud=did:web:api.bsky.app")
 
 	old := sess.Data.AccessToken
 	_, err := sess.RefreshTokens(ctx)
@@ -163,6 +166,20 @@ func TestOAuthScopeGrantsWhatItNames(t *testing.T) {
 	// transition:chat.bsky adds chat to transition:generic.
 	chat := e.session(e.app("chat", "atproto", "transition:generic", "transition:chat.bsky"), u)
 	e.xrpcCall(chat, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:api.bsky.chat&lxm=chat.bsky.convo.listConvos", nil).ok(t)
+}
+
+// TestOAuthServiceAuthForAnyMethod: a service-auth token without lxm,
+// good for any method at its audience, takes the wildcard permission for
+// that audience.
+func TestOAuthServiceAuthForAnyMethod(t *testing.T) {
+	t.Parallel()
+	e := newOAuthEnv(t, oauthEnvOptions{})
+	u := e.newUser()
+	const appview = "did:web:api.bsky.app%23bsky_appview"
+	sess := e.session(e.app("wildcard", "atproto", "rpc:*?aud="+appview), u)
+	tok := e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud="+appview, nil).ok(t)
+	require.NotEmpty(t, tok.str(t, "token"))
+	requireScopeRefusal(t, e.xrpcCall(sess, http.MethodGet, "com.atproto.server.getServiceAuth?aud=did:web:other.example%23svc", nil), "rpc:*")
 }
 
 // TestOAuthTokenNeedsItsDPoPKey: a stolen access token is useless without

@@ -76,12 +76,34 @@ const (
 	// PolicyConsoleLogin is Bulwark's own: attempts at the operator
 	// console's login form, keyed by IP.
 	PolicyConsoleLogin = "consoleLogin"
+	// PolicyOAuthPage is Bulwark's own: the OAuth sign-in, consent and
+	// connected-apps pages (GET and POST), keyed by IP. A person's sign-in
+	// takes a handful of requests.
+	PolicyOAuthPage = "oauthPage"
+	// PolicyOAuthMetadata is Bulwark's own: the OAuth metadata documents,
+	// the pages' stylesheet and the CORS preflights of the OAuth
+	// endpoints, keyed by IP.
+	PolicyOAuthMetadata = "oauthMetadata"
+	// PolicyOAuthPAR is Bulwark's own: pushed authorization requests,
+	// keyed by IP. Each may make the server fetch a client's metadata and
+	// stores a request.
+	PolicyOAuthPAR = "oauthPAR"
+	// PolicyOAuthToken is Bulwark's own: the OAuth token and revocation
+	// endpoints, keyed by IP. An app's server refreshes its users' tokens
+	// from one address, so it is looser than PAR.
+	PolicyOAuthToken = "oauthToken"
+	// PolicyOAuthClientPAR is Bulwark's own: pushed authorization requests
+	// per OAuth client (client_id), from all addresses together.
+	PolicyOAuthClientPAR = "oauthClientPAR"
+	// PolicyOAuthClientToken is Bulwark's own: token and revocation
+	// requests per OAuth client (client_id), from all addresses together.
+	PolicyOAuthClientToken = "oauthClientToken"
 )
 
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
 // (bluesky-social/atproto) applies when its rate limiting is on, and
-// Bulwark's own: loginAddress, adminAuth, resolveHandle, subscribeRefused
-// and consoleLogin.
+// Bulwark's own: loginAddress, adminAuth, resolveHandle, subscribeRefused,
+// consoleLogin and the OAuth endpoints' (oauth*).
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -105,6 +127,13 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyResetPassword:    {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyRepoWrite:        {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
 		PolicyConsoleLogin:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+
+		PolicyOAuthPage:        {{Name: "5m", Limit: 200, Window: fiveMin}},
+		PolicyOAuthMetadata:    {{Name: "5m", Limit: 1000, Window: fiveMin}},
+		PolicyOAuthPAR:         {{Name: "5m", Limit: 100, Window: fiveMin}},
+		PolicyOAuthToken:       {{Name: "5m", Limit: 1500, Window: fiveMin}},
+		PolicyOAuthClientPAR:   {{Name: "5m", Limit: 500, Window: fiveMin}},
+		PolicyOAuthClientToken: {{Name: "5m", Limit: 3000, Window: fiveMin}},
 
 		PolicyRequestPasswordReset:         {{Name: "hour", Limit: 15, Window: time.Hour}, {Name: "day", Limit: 50, Window: Day}},
 		PolicyRequestEmailConfirmation:     mailRequest(),

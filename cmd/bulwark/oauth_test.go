@@ -4,18 +4,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/oauth/dpop/dpoptest"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // TestServeMountsOAuth: serve is an OAuth authorization server whose
@@ -59,6 +63,61 @@ func TestServeMountsOAuth(t *testing.T) {
 
 	_, ok := describe(base)
 	require.True(t, ok, "describeServer answers as before")
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, logs.String())
+	case <-time.After(waitLimit):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeLimitsOAuth: with the default settings, a burst of anonymous
+// connected-apps page views or pushed requests from one address meets 429
+// (with the RateLimit-* headers and Retry-After) long before a few
+// thousand, and the page views leave no browser stored.
+func TestServeLimitsOAuth(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dbURL := dbtest.NewURL(t)
+	addr, done, logs := startServe(t, ctx, []string{"serve", "--database-url", dbURL, "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0"})
+	base := "http://" + addr
+	for _, tc := range []struct {
+		method, path string
+		rule         ratelimit.Rule
+	}{
+		{http.MethodGet, oauth.PathAccount, ratelimit.DefaultPolicies()[ratelimit.PolicyOAuthPage][0]},
+		{http.MethodPost, oauth.PathPAR, ratelimit.DefaultPolicies()[ratelimit.PolicyOAuthPAR][0]},
+	} {
+		start := time.Now()
+		refusedAt := 0
+		for i := 1; i <= 4000 && refusedAt == 0; i++ {
+			req, err := http.NewRequest(tc.method, base+tc.path, strings.NewReader("client_id=https%3A%2F%2Fapp.example.com%2Fclient.json"))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				refusedAt = i
+				require.NotEmpty(t, resp.Header.Get("Retry-After"))
+				require.Equal(t, strconv.Itoa(tc.rule.Limit), resp.Header.Get("RateLimit-Limit"))
+				require.Equal(t, "0", resp.Header.Get("RateLimit-Remaining"))
+			}
+		}
+		// The limit's worth, and what the bucket refilled meanwhile.
+		refilled := int(time.Since(start) * time.Duration(tc.rule.Limit) / tc.rule.Window)
+		require.Greater(t, refusedAt, tc.rule.Limit, tc.path)
+		require.LessOrEqual(t, refusedAt, tc.rule.Limit+refilled+1, tc.path)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var devices int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM oauth_devices").Scan(&devices))
+	require.Zero(t, devices)
 	cancel()
 	select {
 	case code := <-done:
@@ -139,7 +198,10 @@ func TestServeOAuthPrivateClients(t *testing.T) {
 	_, port, _ := strings.Cut(addr, ":")
 	status, e := par(t, "http://"+addr, "http://localhost:"+port, url.Values{"client_id": {apps.URL + "/client.json"}})
 	require.Equal(t, http.StatusUnauthorized, status, e)
-	require.Contains(t, e.Desc, "certificate", e)
+	// The app is told which document failed, never what the fetch met
+	// (addresses, DNS answers, TLS errors); the log has that.
+	require.Equal(t, "the client metadata document could not be fetched", e.Desc)
+	require.Contains(t, logs.String(), "certificate")
 	require.Contains(t, logs.String(), "oauth-allow-private-clients")
 	cancel()
 	select {
