@@ -16,6 +16,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
@@ -86,10 +87,9 @@ type Config struct {
 type Console struct {
 	cfg     Config
 	log     *slog.Logger
-	keys    keys
-	revoked revocations
-	mux     *http.ServeMux
-	pages   *pages
+	keys  *keyring.Ring
+	mux   *http.ServeMux
+	pages *pages
 }
 
 // New returns a console for cfg.
@@ -118,9 +118,14 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
+	ring, err := keyring.New(cfg.SessionSecret)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	c := &Console{
 		cfg: cfg, log: cfg.Logger.With("component", "console"),
-		keys: deriveKeys(cfg.SessionSecret, cfg.AdminPassword), mux: http.NewServeMux(), pages: p,
+		// Bound to the admin password: a new password ends every session.
+		keys: ring.With(cfg.AdminPassword), mux: http.NewServeMux(), pages: p,
 	}
 	c.routes()
 	return c, nil
@@ -176,6 +181,11 @@ type handler func(w http.ResponseWriter, r *http.Request, s session) error
 func (c *Console) page(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s, err := c.sessionOf(r)
+		if err != nil && !errors.Is(err, errBadCookie) {
+			c.log.Error("console session check failed", "err", err)
+			c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+			return
+		}
 		if err != nil {
 			next := r.URL.Path
 			if r.URL.RawQuery != "" && len(r.URL.RawQuery) < 1024 {
@@ -193,6 +203,11 @@ func (c *Console) page(h handler) http.Handler {
 func (c *Console) post(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s, err := c.sessionOf(r)
+		if err != nil && !errors.Is(err, errBadCookie) {
+			c.log.Error("console session check failed", "err", err)
+			c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+			return
+		}
 		if err != nil {
 			c.fail(w, r, http.StatusForbidden, "Your console session is over. Log in again.")
 			return
@@ -206,7 +221,7 @@ func (c *Console) post(h handler) http.Handler {
 			c.fail(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}
-		if !c.keys.checkCSRF("session", s.id, r.PostForm.Get(csrfField)) {
+		if !c.checkCSRF(keyring.ConsoleSessionCSRF, s, r.PostForm.Get(csrfField)) {
 			c.fail(w, r, http.StatusForbidden, "The form has no valid CSRF token: reload the page and try again.")
 			return
 		}
@@ -277,4 +292,4 @@ func peerIP(r *http.Request) netip.Addr {
 }
 
 // csrf is the CSRF token for forms rendered in s.
-func (c *Console) csrf(s session) string { return c.keys.csrfToken("session", s.id) }
+func (c *Console) csrf(s session) string { return c.csrfToken(keyring.ConsoleSessionCSRF, s) }

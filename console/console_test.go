@@ -57,6 +57,8 @@ func TestLoginAndPages(t *testing.T) {
 	over := b.get(console.Prefix)
 	require.Equal(t, 3, strings.Count(over.body, `<svg class="spark"`), over.body)
 	require.Contains(t, over.body, "Events per minute")
+	require.Contains(t, over.body, "In-flight budget")
+	require.Regexp(t, `In-flight budget</dt><dd>[0-9.]+ [kMG]?B of [0-9.]+ [kMG]?B in use`, over.body, "the default budget, as serve has it")
 	for _, path := range []string{"", "firehose", "firehose?kind=commit&min=100&over=1", "accounts", "accounts?q=alice", "invites", "audit", "audit?subject=x"} {
 		p := b.get(console.Prefix + path)
 		require.Equal(t, http.StatusOK, p.status, "%s: %s", path, p.body)

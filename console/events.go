@@ -172,7 +172,7 @@ func (c *Console) explain(ev eventlog.EventInfo, action string) (string, []strin
 			return "", nil, conflict("Event %d is a #%s: only a #commit or #sync can be rewritten as #sync.", ev.Seq, ev.Kind)
 		}
 		return "Rewrite as #sync", []string{
-			fmt.Sprintf("Event %d (#%s of %s, rev %s, %s) is replaced by a #sync of the same repository at the same rev, keeping seq %d; its blocks hold only the signed commit.", ev.Seq, ev.Kind, ev.DID, ev.Rev, humanBytes(ev.FrameBytes), ev.Seq),
+			fmt.Sprintf("Event %d (#%s of %s, rev %s, %s) is replaced by a #sync of the same repository at the same rev, keeping seq %d; its blocks hold only the signed commit.", ev.Seq, ev.Kind, ev.DID, ev.Rev, humanBytes(int64(ev.FrameBytes)), ev.Seq),
 			"Consumers stuck on it read the #sync instead and fetch the repository again.",
 			"The change is recorded in the audit log. Rewriting a compliant #sync changes nothing.",
 		}, nil

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
@@ -25,12 +26,12 @@ type loginView struct {
 // whose id the form's CSRF token is bound to.
 func (c *Console) loginAttempt(w http.ResponseWriter, r *http.Request) session {
 	if ck, err := r.Cookie(loginCookie); err == nil {
-		if s, err := c.keys.decode(ck.Value, c.cfg.Now()); err == nil {
+		if s, err := c.open(keyring.ConsoleLogin, ck.Value); err == nil {
 			return s
 		}
 	}
 	s := session{id: newID(), expires: c.cfg.Now().Add(loginAttemptTTL)}
-	c.setCookie(w, loginCookie, c.keys.encode(s), s.expires)
+	c.setCookie(w, loginCookie, c.seal(keyring.ConsoleLogin, s), s.expires)
 	return s
 }
 
@@ -41,7 +42,7 @@ func (c *Console) handleLoginForm(w http.ResponseWriter, r *http.Request) {
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	a := c.loginAttempt(w, r)
 	c.render(w, status, "login", view{Title: "Log in", Data: loginView{
-		Next: safeNext(r.FormValue("next")), CSRF: c.keys.csrfToken("login", a.id), Message: msg,
+		Next: safeNext(r.FormValue("next")), CSRF: c.csrfToken(keyring.ConsoleLoginCSRF, a), Message: msg,
 	}})
 }
 
@@ -68,9 +69,9 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	ck, err := r.Cookie(loginCookie)
 	var a session
 	if err == nil {
-		a, err = c.keys.decode(ck.Value, now)
+		a, err = c.open(keyring.ConsoleLogin, ck.Value)
 	}
-	if err != nil || !c.keys.checkCSRF("login", a.id, r.PostForm.Get(csrfField)) {
+	if err != nil || !c.checkCSRF(keyring.ConsoleLoginCSRF, a, r.PostForm.Get(csrfField)) {
 		c.showLogin(w, r, http.StatusForbidden, "The login form expired; try again.")
 		return
 	}
@@ -80,15 +81,22 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusUnauthorized, "Wrong password.")
 		return
 	}
-	s := session{id: newID(), expires: now.Add(c.cfg.SessionTTL)}
-	c.setCookie(w, sessionCookie, c.keys.encode(s), s.expires)
+	s, err := c.startSession(r.Context())
+	if err != nil {
+		c.log.Error("console login failed", "err", err)
+		c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+		return
+	}
+	c.setCookie(w, sessionCookie, c.seal(keyring.ConsoleSession, s), s.expires)
 	c.setCookie(w, loginCookie, "", time.Time{})
 	c.log.Info("console login", "client", c.cfg.ClientIP(r).String())
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
 func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request, s session) error {
-	c.revoked.revoke(s, c.cfg.Now())
+	if err := c.endSession(r.Context(), s); err != nil {
+		return err
+	}
 	c.setCookie(w, sessionCookie, "", time.Time{})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 	return nil

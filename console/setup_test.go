@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/console"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
@@ -58,6 +59,8 @@ type env struct {
 	console  *console.Console
 	// sampler is the overview's history (samples taken by hand).
 	sampler *console.Sampler
+	// budget is the in-flight budget, shown on the overview.
+	budget *budget.Budget
 	// seqs receives each last seq the sequencer assigns.
 	seqs *seqWatch
 }
@@ -133,8 +136,15 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	var srv *pds.Server
 	if !o.off {
+		// As serve wires it: the in-flight budget of the default settings.
+		queue := cfg.InflightQueue
+		if queue == 0 {
+			queue = -1
+		}
+		e.budget = budget.New(budget.Config{Capacity: cfg.InflightBudget, MaxQueue: queue})
+		opts.Budget = e.budget
 		ccfg := console.Config{
-			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(),
+			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(), Budget: e.budget,
 			Log: e.log, Sync: repo.SyncEvent, DB: pool, Accounts: e.accounts, Health: health,
 			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Logger: quiet,
 			ClientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
