@@ -85,8 +85,8 @@ type Config struct {
 
 // Console serves the operator console. Mount it at Prefix.
 type Console struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg   Config
+	log   *slog.Logger
 	keys  *keyring.Ring
 	mux   *http.ServeMux
 	pages *pages

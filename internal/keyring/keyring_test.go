@@ -89,7 +89,10 @@ func TestSealOpen(t *testing.T) {
 		"expired":         func() error { _, _, err := r.Open(keyring.ConsoleSession, v, exp); return err },
 		"empty":           func() error { _, _, err := r.Open(keyring.ConsoleSession, "", now); return err },
 		"not base64":      func() error { _, _, err := r.Open(keyring.ConsoleSession, "!!"+v, now); return err },
-		"too long":        func() error { _, _, err := r.Open(keyring.ConsoleSession, strings.Repeat("A", keyring.MaxSealed+4), now); return err },
+		"too long": func() error {
+			_, _, err := r.Open(keyring.ConsoleSession, strings.Repeat("A", keyring.MaxSealed+4), now)
+			return err
+		},
 	} {
 		require.ErrorIs(t, open(), keyring.ErrInvalid, name)
 	}
