@@ -47,6 +47,11 @@ type Config struct {
 	// AdminPassword is the password the login form accepts (the server's
 	// admin password).
 	AdminPassword string
+	// AdminPasswordFile is the file on the server the admin password was
+	// read from, which the login page names; empty means it was set with
+	// BULWARK_ADMIN_PASSWORD (--admin-password), which the page names
+	// instead. The password itself is never shown.
+	AdminPasswordFile string
 	// SessionSecret is the key material sessions and CSRF tokens are
 	// derived from (the JWT secret, at least 32 bytes).
 	SessionSecret []byte

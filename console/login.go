@@ -20,6 +20,9 @@ type loginView struct {
 	Next    string
 	CSRF    string
 	Message string
+	// PasswordFile is where the password is kept ("" when it is set by
+	// BULWARK_ADMIN_PASSWORD).
+	PasswordFile string
 }
 
 // loginAttempt starts (or continues) a login: a short-lived signed cookie
@@ -43,6 +46,7 @@ func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 	a := c.loginAttempt(w, r)
 	c.render(w, status, "login", view{Title: "Log in", Data: loginView{
 		Next: safeNext(r.FormValue("next")), CSRF: c.csrfToken(keyring.ConsoleLoginCSRF, a), Message: msg,
+		PasswordFile: c.cfg.AdminPasswordFile,
 	}})
 }
 

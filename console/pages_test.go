@@ -123,3 +123,22 @@ func TestEventShowsOps(t *testing.T) {
 	require.Equal(t, http.StatusOK, p.status, p.body)
 	require.NotContains(t, p.body, "<h2>Operations</h2>")
 }
+
+// The login page says where the admin password is, never what it is.
+func TestLoginPageSaysWhereThePasswordIs(t *testing.T) {
+	t.Parallel()
+	file := "/var/lib/bulwark/secrets/admin-password"
+	for _, tc := range []struct {
+		file string
+		says string
+	}{
+		{file, "The admin password is in <code>" + file + "</code> on the server"},
+		{"", "The admin password is the server's <code>BULWARK_ADMIN_PASSWORD</code> setting"},
+	} {
+		e := newEnv(t, envOptions{passwordFile: tc.file})
+		p := e.browser(t).get(console.Prefix + "login")
+		require.Equal(t, http.StatusOK, p.status)
+		require.Contains(t, p.body, tc.says)
+		require.NotContains(t, p.body, adminPassword)
+	}
+}

@@ -74,6 +74,8 @@ type envOptions struct {
 	watch func(e *env) *relaywatch.Watch
 	// disableOversizeSync serves oversized events as stored.
 	disableOversizeSync bool
+	// passwordFile is where the login page says the password is.
+	passwordFile string
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -146,7 +148,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		ccfg := console.Config{
 			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(), Budget: e.budget,
 			Log: e.log, Sync: repo.SyncEvent, DB: pool, Accounts: e.accounts, Health: health,
-			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Logger: quiet,
+			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Logger: quiet, AdminPasswordFile: o.passwordFile,
 			ClientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
 		}
 		if o.watch != nil {

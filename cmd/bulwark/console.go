@@ -51,6 +51,11 @@ func newConsole(cfg *config.Config, d consoleDeps, logger *slog.Logger) (http.Ha
 		LoginLimiter: d.protect.limits.Get(ratelimit.PolicyConsoleLogin),
 		Logger:       logger,
 	}
+	for _, f := range cfg.SecretFiles() {
+		if f.Flag == "admin-password" {
+			ccfg.AdminPasswordFile = f.Path
+		}
+	}
 	private := cfg.AdminConsole == config.ConsolePrivate
 	if private {
 		// The private listener is plain http on an internal address:
