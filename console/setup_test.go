@@ -27,6 +27,8 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/console"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/eventlog/eventlogtest"
 	"github.com/bulwark-pds/bulwark/firehose"
@@ -76,6 +78,9 @@ type envOptions struct {
 	disableOversizeSync bool
 	// passwordFile is where the login page says the password is.
 	passwordFile string
+	// smtp sends mail to a real SMTP server in the test (else mail is
+	// held in the outbox).
+	smtp bool
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -118,10 +123,18 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.engine = repo.New(pool, keys, e.seq, repo.Config{Logger: quiet})
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
+	var mailer *email.Mailer
+	if o.smtp {
+		srv := emailtest.StartSMTP(t, emailtest.Options{})
+		sc, err := email.ParseSMTPURL(srv.URL())
+		require.NoError(t, err)
+		mailer, err = email.New(pool, email.Config{From: "Bulwark <noreply@pds.test>", SMTP: sc, Logger: quiet})
+		require.NoError(t, err)
+	}
 	e.accounts, err = account.New(account.Config{
 		Pool: pool, Keys: keys, Repo: e.engine, PLC: pc, Waker: e.seq, HandleDomains: cfg.HandleDomains,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet,
+		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet, Mail: mailer,
 	})
 	require.NoError(t, err)
 
