@@ -283,8 +283,10 @@ func sameOrigin(r *http.Request) bool {
 	if origin == "" || origin == "null" {
 		return origin == ""
 	}
+	// An origin is scheme://host[:port] and nothing else.
 	u, err := url.Parse(origin)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.User == nil && u.Path == "" && u.RawQuery == "" &&
+		strings.EqualFold(u.Host, r.Host)
 }
 
 // peerIP is the TCP peer of r.

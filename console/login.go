@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -106,10 +108,26 @@ func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request, s session
 	return nil
 }
 
-// safeNext keeps a post-login destination inside the console.
+// maxNext bounds a post-login destination.
+const maxNext = 2048
+
+// safeNext keeps a post-login destination inside the console: a path
+// (no scheme, host or user), which once cleaned of dot segments and
+// repeated slashes is still under Prefix; anything else is Prefix.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || len(next) > 2048 {
+	if len(next) > maxNext || strings.ContainsAny(next, "\\\r\n\t") {
 		return Prefix
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return Prefix
+	}
+	clean := path.Clean(u.Path)
+	if !strings.HasPrefix(clean+"/", Prefix) {
+		return Prefix
+	}
+	if strings.HasSuffix(u.Path, "/") && !strings.HasSuffix(clean, "/") {
+		clean += "/"
+	}
+	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()
 }
