@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,6 +80,10 @@ type Config struct {
 	// LoginLimiter limits login attempts per client address (the
 	// consoleLogin policy); nil allows every attempt.
 	LoginLimiter *ratelimit.Limiter
+	// Limiter limits every console request per client address (the
+	// global policy, shared with XRPC), logged in or not; nil allows
+	// every request.
+	Limiter *ratelimit.Limiter
 	// ClientIP is the request's client address (default: the TCP peer);
 	// the pds passes its own, which believes only trusted proxies.
 	ClientIP func(*http.Request) netip.Addr
@@ -176,6 +181,15 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// console's are for itself alone.
 	h.Del("Access-Control-Allow-Origin")
 	h.Del("Access-Control-Expose-Headers")
+	if l := c.cfg.Limiter; l != nil {
+		now := c.cfg.Now()
+		if d := l.AllowN(ratelimit.IPKey(c.cfg.ClientIP(r)), 1); !d.Allowed {
+			ratelimit.SetHeaders(h, d, now)
+			h.Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(d.RetryAfter), 10))
+			c.fail(w, r, http.StatusTooManyRequests, "Too many requests from your address; try again in "+d.RetryAfter.Round(time.Second).String()+".")
+			return
+		}
+	}
 	c.mux.ServeHTTP(w, r)
 }
 

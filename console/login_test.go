@@ -74,3 +74,18 @@ func TestOriginMustBeBare(t *testing.T) {
 		require.Equal(t, want, read(t, resp).status, origin)
 	}
 }
+
+// Every console request spends a point of the address's global limit,
+// logged in or not: past it, a 429 with Retry-After.
+func TestConsoleRequestsLimited(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{globalRules: []ratelimit.Rule{{Name: "5m", Limit: 4, Window: 5 * time.Minute}}})
+	b := e.browser(t)
+	for _, path := range []string{"login", "login", "static/console.css", ""} {
+		require.NotEqual(t, http.StatusTooManyRequests, b.get(console.Prefix+path).status, path)
+	}
+	p := b.get(console.Prefix + "login")
+	require.Equal(t, http.StatusTooManyRequests, p.status)
+	require.NotEmpty(t, p.header.Get("Retry-After"))
+	require.Contains(t, p.body, "Too many requests from your address")
+}

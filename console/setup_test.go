@@ -72,6 +72,8 @@ type envOptions struct {
 	off bool
 	// loginRules replace the consoleLogin policy.
 	loginRules []ratelimit.Rule
+	// globalRules replace the global policy.
+	globalRules []ratelimit.Rule
 	// watch, when set, is shown on the overview.
 	watch func(e *env) *relaywatch.Watch
 	// disableOversizeSync serves oversized events as stored.
@@ -142,6 +144,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if o.loginRules != nil {
 		policies[ratelimit.PolicyConsoleLogin] = o.loginRules
 	}
+	if o.globalRules != nil {
+		policies[ratelimit.PolicyGlobal] = o.globalRules
+	}
 	limits, err := ratelimit.NewSet(policies, 0)
 	require.NoError(t, err)
 	opts := pds.Options{
@@ -161,7 +166,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 		ccfg := console.Config{
 			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(), Budget: e.budget,
 			Log: e.log, Sync: repo.SyncEvent, DB: pool, Accounts: e.accounts, Health: health,
-			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Logger: quiet, AdminPasswordFile: o.passwordFile,
+			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Limiter: limits.Get(ratelimit.PolicyGlobal),
+			Logger: quiet, AdminPasswordFile: o.passwordFile,
 			ClientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
 		}
 		if o.watch != nil {

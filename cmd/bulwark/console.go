@@ -49,6 +49,7 @@ func newConsole(cfg *config.Config, d consoleDeps, logger *slog.Logger) (http.Ha
 		Log: d.log, Sync: repo.SyncEvent, DB: d.pool, Accounts: d.accounts,
 		Watch: d.watchers.watch, Health: d.health, Samples: sampler, Budget: d.protect.budget,
 		LoginLimiter: d.protect.limits.Get(ratelimit.PolicyConsoleLogin),
+		Limiter:      d.protect.limits.Get(ratelimit.PolicyGlobal),
 		Logger:       logger,
 	}
 	for _, f := range cfg.SecretFiles() {
