@@ -14,8 +14,10 @@
 // relaywatch, firehose) as the admin API does, with "console" as the audit
 // actor; the only SQL of its own keeps its sessions (sessions.sql).
 //
-// Security: a login form checks the admin password (each attempt spends a
-// point of the consoleLogin rate limit of the client's address). Every
+// Security: every request spends a point of the global rate limit of the
+// client's address (Config.Limiter); a login form checks the admin
+// password (each attempt also spends a point of the consoleLogin limit),
+// and a login leads only to a console page. Every
 // value the console signs names its purpose inside the MAC (package
 // internal/keyring, keys derived from the JWT secret and bound to the
 // admin password, so changing either ends every session): the login

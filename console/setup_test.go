@@ -125,18 +125,10 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.engine = repo.New(pool, keys, e.seq, repo.Config{Logger: quiet})
 	pc, err := plc.NewClient(cfg.PLCURL, rotation, nil)
 	require.NoError(t, err)
-	var mailer *email.Mailer
-	if o.smtp {
-		srv := emailtest.StartSMTP(t, emailtest.Options{})
-		sc, err := email.ParseSMTPURL(srv.URL())
-		require.NoError(t, err)
-		mailer, err = email.New(pool, email.Config{From: "Bulwark <noreply@pds.test>", SMTP: sc, Logger: quiet})
-		require.NoError(t, err)
-	}
 	e.accounts, err = account.New(account.Config{
 		Pool: pool, Keys: keys, Repo: e.engine, PLC: pc, Waker: e.seq, HandleDomains: cfg.HandleDomains,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet, Mail: mailer,
+		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet, Mail: newMailer(t, pool, o.smtp),
 	})
 	require.NoError(t, err)
 
@@ -156,12 +148,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	var srv *pds.Server
 	if !o.off {
-		// As serve wires it: the in-flight budget of the default settings.
-		queue := cfg.InflightQueue
-		if queue == 0 {
-			queue = -1
-		}
-		e.budget = budget.New(budget.Config{Capacity: cfg.InflightBudget, MaxQueue: queue})
+		e.budget = newBudget(cfg)
 		opts.Budget = e.budget
 		ccfg := console.Config{
 			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(), Budget: e.budget,
@@ -185,6 +172,30 @@ func newEnv(t *testing.T, o envOptions) *env {
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { e.hub.Close(); _ = hs.Close() })
 	return e
+}
+
+// newMailer is a Mailer sending to a real SMTP server in the test when
+// smtp is set; nil (mail held in the outbox) otherwise.
+func newMailer(t *testing.T, pool *pgxpool.Pool, smtp bool) *email.Mailer {
+	t.Helper()
+	if !smtp {
+		return nil
+	}
+	srv := emailtest.StartSMTP(t, emailtest.Options{})
+	sc, err := email.ParseSMTPURL(srv.URL())
+	require.NoError(t, err)
+	m, err := email.New(pool, email.Config{From: "Bulwark <noreply@pds.test>", SMTP: sc, Logger: quiet})
+	require.NoError(t, err)
+	return m
+}
+
+// newBudget is the in-flight budget of cfg, as serve builds it.
+func newBudget(cfg *config.Config) *budget.Budget {
+	queue := cfg.InflightQueue
+	if queue == 0 {
+		queue = -1 // budget.Config: negative is "no queue"
+	}
+	return budget.New(budget.Config{Capacity: cfg.InflightBudget, MaxQueue: queue})
 }
 
 // seqWatch follows the last seq assigned.
