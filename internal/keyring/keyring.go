@@ -97,8 +97,10 @@ func MustNew(secret []byte) *Ring {
 // its keys to the admin password, so that a new password ends every
 // console session.
 func (r *Ring) With(v string) *Ring {
-	sum := sha256.Sum256([]byte(v))
-	return &Ring{secret: r.secret, binding: sum[:]}
+	h := sha256.New()
+	h.Write(r.binding)
+	h.Write([]byte(v))
+	return &Ring{secret: r.secret, binding: h.Sum(nil)}
 }
 
 // Key returns the key of purpose p, for code that needs a raw key (a JWT

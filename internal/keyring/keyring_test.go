@@ -109,6 +109,8 @@ func TestSealOpen(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = r.With("pw2").Open(keyring.ConsoleSession, bound.Seal(keyring.ConsoleSession, payload, exp), now)
 	require.ErrorIs(t, err, keyring.ErrInvalid)
+	_, _, err = bound.With("more").Open(keyring.ConsoleSession, bound.Seal(keyring.ConsoleSession, payload, exp), now)
+	require.ErrorIs(t, err, keyring.ErrInvalid, "bindings add up")
 }
 
 // A tag checks only for its own purpose and data; splitting the data
