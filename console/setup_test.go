@@ -252,6 +252,9 @@ func (e *env) newRepo(t *testing.T, handle string) (syntax.DID, int64) {
 	defer cancel()
 	var seq int64
 	for seq == 0 {
+		// The head before looking: an event sequenced after this read is
+		// past it, so the wait below cannot miss it.
+		last := e.lastSeq(t)
 		evs, err := e.log.Inspect(ctx, eventlog.EventFilter{DID: a.DID.String(), Kind: eventlog.KindCommit, Limit: 10})
 		require.NoError(t, err)
 		for _, ev := range evs {
@@ -260,7 +263,7 @@ func (e *env) newRepo(t *testing.T, handle string) (syntax.DID, int64) {
 			}
 		}
 		if seq == 0 {
-			e.seqs.wait(t, wctx, e.lastSeq(t)+1)
+			e.seqs.wait(t, wctx, last+1)
 		}
 	}
 	return a.DID, seq
