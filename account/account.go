@@ -64,6 +64,7 @@ var (
 	qInviteUsedBy               = queries.MustGet("InviteUsedBy")
 	qListInviteCodes            = queries.MustGet("ListInviteCodes")
 	qDisableInviteCodes         = queries.MustGet("DisableInviteCodes")
+	qCountCredentials           = queries.MustGet("CountCredentials")
 )
 
 // Status is an account's hosting status.

@@ -9,6 +9,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
 )
 
@@ -136,8 +137,10 @@ func (s *Service) listInviteCodes(ctx context.Context, query, cursor string, lim
 }
 
 // DisableInviteCodes disables the given codes and every code made for the
-// given accounts.
-func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accounts []string, opts ...WriteOption) error {
+// given accounts. e, when not nil, is recorded in the audit log in the
+// same transaction, with the codes it disabled (Before enabled, After
+// disabled).
+func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accounts []string, e *audit.Entry) error {
 	if codes == nil {
 		codes = []string{}
 	}
@@ -145,11 +148,45 @@ func (s *Service) DisableInviteCodes(ctx context.Context, codes []string, accoun
 		accounts = []string{}
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, qDisableInviteCodes, codes, accounts); err != nil {
+		rows, err := tx.Query(ctx, qDisableInviteCodes, codes, accounts)
+		if err != nil {
 			return db.Translate(err)
 		}
-		return runAlso(ctx, tx, opts)
+		changed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return db.Translate(err)
+		}
+		if e == nil {
+			return nil
+		}
+		if changed == nil {
+			changed = []string{}
+		}
+		e.Before = map[string]any{"codes": changed, "disabled": false}
+		e.After = map[string]any{"codes": changed, "disabled": true, "asked": map[string]any{"codes": codes, "accounts": accounts}}
+		return audit.Record(ctx, tx, e)
 	})
+}
+
+// PasswordAudited records e for a password change (SetPassword) in its
+// transaction, with what the change ends: Before the account's live
+// sessions and app passwords, read before the change; After none of them.
+// The password itself never reaches the log.
+func PasswordAudited(did syntax.DID, e *audit.Entry) WriteOption {
+	return func(o *writeOptions) {
+		o.first = append(o.first, func(ctx context.Context, tx db.DBTX) error {
+			var sessions, apps int64
+			if err := tx.QueryRow(ctx, qCountCredentials, did.String()).Scan(&sessions, &apps); err != nil {
+				return db.Translate(err)
+			}
+			e.Before = map[string]any{"sessions": sessions, "appPasswords": apps}
+			return nil
+		})
+		o.also = append(o.also, func(ctx context.Context, tx db.DBTX) error {
+			e.After = map[string]any{"password": "changed", "sessions": 0, "appPasswords": 0}
+			return audit.Record(ctx, tx, e)
+		})
+	}
 }
 
 func scanInviteCodes(rows pgx.Rows) ([]InviteCode, error) {

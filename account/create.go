@@ -12,6 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
@@ -29,6 +30,25 @@ type CreateInput struct {
 	// requester controls it (a service-auth JWT the DID issued for
 	// com.atproto.server.createAccount). See createImported.
 	DID string
+	// Audit, when set, is recorded in the audit log in the account's
+	// transaction (an administrator's creation), its Subject and After
+	// filled in with the new account.
+	Audit *audit.Entry
+}
+
+// auditCreation records in's audit entry, if any, for the new account did
+// inside tx.
+func auditCreation(ctx context.Context, tx db.DBTX, in *audit.Entry, did syntax.DID, na *newAccount, status Status) error {
+	if in == nil {
+		return nil
+	}
+	in.Subject = did.String()
+	after := map[string]any{"handle": na.handle, "email": na.email, "status": status}
+	if na.invite != "" {
+		after["inviteCode"] = na.invite
+	}
+	in.After = after
+	return audit.Record(ctx, tx, in)
 }
 
 func normalizeEmail(raw string) (string, error) {
@@ -94,6 +114,9 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 			var head *repo.Head
 			var err error
 			if head, sess, err = s.storeNew(ctx, tx, did, na); err != nil {
+				return err
+			}
+			if err := auditCreation(ctx, tx, in.Audit, did, na, StatusActive); err != nil {
 				return err
 			}
 			if err := s.plc.Submit(ctx, did, genesis); err != nil {

@@ -86,14 +86,18 @@ func (s *Service) sendCode(ctx context.Context, tx db.DBTX, did syntax.DID, st e
 // RequestEmailCode mails did a new code for purpose (replacing any
 // earlier one): com.atproto.server.requestEmailConfirmation,
 // requestAccountDelete and com.atproto.identity.requestPlcOperationSignature.
-// The code is used with the method the purpose names.
-func (s *Service) RequestEmailCode(ctx context.Context, did syntax.DID, purpose email.Purpose) error {
+// The code is used with the method the purpose names. opts run in the
+// same transaction (the console's audit entry).
+func (s *Service) RequestEmailCode(ctx context.Context, did syntax.DID, purpose email.Purpose, opts ...WriteOption) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		st, err := lockEmail(ctx, tx, did)
 		if err != nil {
 			return err
 		}
-		return s.sendCode(ctx, tx, did, st, purpose)
+		if err := s.sendCode(ctx, tx, did, st, purpose); err != nil {
+			return err
+		}
+		return runAlso(ctx, tx, opts)
 	})
 }
 

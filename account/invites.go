@@ -11,6 +11,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
 )
 
@@ -57,8 +58,10 @@ func (s *Service) newInviteCode() string {
 }
 
 // CreateInviteCodes makes count codes of useCount uses for each of
-// forAccounts (InviteAdmin when empty).
-func (s *Service) CreateInviteCodes(ctx context.Context, count, useCount int, forAccounts []string, createdBy string) (map[string][]string, error) {
+// forAccounts (InviteAdmin when empty). e, when not nil, is recorded in
+// the audit log in the same transaction, its After set to the codes made
+// and their uses.
+func (s *Service) CreateInviteCodes(ctx context.Context, count, useCount int, forAccounts []string, createdBy string, e *audit.Entry) (map[string][]string, error) {
 	if count < 1 || count > MaxInviteCodesPerRequest {
 		return nil, ruleErr(ErrInvalidInviteCode, "codeCount must be between 1 and %d", MaxInviteCodesPerRequest)
 	}
@@ -87,7 +90,11 @@ func (s *Service) CreateInviteCodes(ctx context.Context, count, useCount int, fo
 				out[acct] = append(out[acct], code)
 			}
 		}
-		return nil
+		if e == nil {
+			return nil
+		}
+		e.After = map[string]any{"codes": out, "useCount": useCount}
+		return audit.Record(ctx, tx, e)
 	})
 	if err != nil {
 		return nil, err

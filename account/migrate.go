@@ -90,6 +90,9 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 		if _, err := s.repo.InitRepo(ctx, tx, did, na.key); err != nil {
 			return err
 		}
+		if err := auditCreation(ctx, tx, in.Audit, did, na, StatusDeactivated); err != nil {
+			return err
+		}
 		var err error
 		sess, err = s.newSession(ctx, tx, did, nil)
 		return err

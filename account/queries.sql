@@ -162,4 +162,10 @@ LIMIT $2;
 
 -- name: DisableInviteCodes
 UPDATE invite_codes SET disabled = true
-WHERE code = ANY($1::text[]) OR for_account = ANY($2::text[]);
+WHERE (code = ANY($1::text[]) OR for_account = ANY($2::text[])) AND NOT disabled
+RETURNING code;
+
+-- name: CountCredentials
+-- What a password change ends: live sessions and app passwords.
+SELECT (SELECT count(DISTINCT session_id) FROM refresh_tokens WHERE did = $1 AND expires_at > now()),
+       (SELECT count(*) FROM app_passwords WHERE did = $1);

@@ -45,7 +45,7 @@ func TestAdminOperations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := newService(t)
-	codes, err := s.CreateInviteCodes(ctx, 3, 1, nil, InviteAdmin)
+	codes, err := s.CreateInviteCodes(ctx, 3, 1, nil, InviteAdmin, nil)
 	require.NoError(t, err)
 	require.Len(t, codes[InviteAdmin], 3)
 
@@ -101,7 +101,7 @@ func TestAdminOperations(t *testing.T) {
 	}
 	require.Len(t, seen, 3)
 
-	require.NoError(t, s.DisableInviteCodes(ctx, []string{codes[InviteAdmin][1]}, nil))
+	require.NoError(t, s.DisableInviteCodes(ctx, []string{codes[InviteAdmin][1]}, nil, nil))
 	_, _, err = s.CreateAccount(ctx, CreateInput{Handle: "carol.test", Email: "carol@example.com", Password: "carol password", InviteCode: codes[InviteAdmin][1]})
 	require.ErrorIs(t, err, ErrInvalidInviteCode)
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/audit"
+	"github.com/bulwark-pds/bulwark/email"
 )
 
 // maxRef bounds a takedown's reference, as the admin API does.
@@ -22,6 +23,7 @@ const (
 	actionSubjectStatus = "com.atproto.admin.updateSubjectStatus"
 	actionPassword      = "com.atproto.admin.updateAccountPassword"
 	actionInvites       = "com.atproto.server.createInviteCodes"
+	actionMailReset     = "com.atproto.server.requestPasswordReset"
 )
 
 type accountsView struct {
@@ -151,16 +153,16 @@ func (c *Console) handleResetPassword(w http.ResponseWriter, r *http.Request, s 
 		return err
 	}
 	if !svc.Mail().Held() && a.Email != "" && r.PostForm.Get("generate") == "" {
-		if err := svc.RequestPasswordReset(r.Context(), a.Email); err != nil {
+		e := &audit.Entry{Actor: AuditActor, Action: actionMailReset, Subject: a.DID.String(), After: map[string]any{"mailedTo": a.Email}}
+		if err := svc.RequestEmailCode(r.Context(), a.DID, email.PurposeResetPassword, account.Audited(e)); err != nil {
 			return err
 		}
 		c.log.Info("console password reset mailed", "did", a.DID)
 		return c.showAccount(w, r, s, svc, a, "A password reset code was mailed to "+a.Email+".", "")
 	}
 	pw := rand.Text()
-	e := &audit.Entry{Actor: AuditActor, Action: actionPassword, Subject: a.DID.String(),
-		After: map[string]any{"password": "changed", "sessions": "ended", "appPasswords": "revoked"}}
-	if err := svc.SetPassword(r.Context(), a.DID, pw, account.Audited(e)); err != nil {
+	e := &audit.Entry{Actor: AuditActor, Action: actionPassword, Subject: a.DID.String()}
+	if err := svc.SetPassword(r.Context(), a.DID, pw, account.PasswordAudited(a.DID, e)); err != nil {
 		return err
 	}
 	c.log.Info("console password reset", "did", a.DID)
@@ -213,7 +215,12 @@ func (c *Console) handleCreateInvites(w http.ResponseWriter, r *http.Request, s 
 		}
 		forAccounts = []string{did.String()}
 	}
-	codes, err := svc.CreateInviteCodes(r.Context(), count, uses, forAccounts, account.InviteAdmin)
+	subject := "invite_codes"
+	if len(forAccounts) == 1 {
+		subject = forAccounts[0]
+	}
+	e := &audit.Entry{Actor: AuditActor, Action: actionInvites, Subject: subject}
+	codes, err := svc.CreateInviteCodes(r.Context(), count, uses, forAccounts, account.InviteAdmin, e)
 	if errors.Is(err, account.ErrInvalidInviteCode) {
 		return badRequest("%s", err.Error())
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
@@ -46,6 +48,11 @@ type Config struct {
 	// AdminPassword is the password the login form accepts (the server's
 	// admin password).
 	AdminPassword string
+	// AdminPasswordFile is the file on the server the admin password was
+	// read from, which the login page names; empty means it was set with
+	// BULWARK_ADMIN_PASSWORD (--admin-password), which the page names
+	// instead. The password itself is never shown.
+	AdminPasswordFile string
 	// SessionSecret is the key material sessions and CSRF tokens are
 	// derived from (the JWT secret, at least 32 bytes).
 	SessionSecret []byte
@@ -73,6 +80,10 @@ type Config struct {
 	// LoginLimiter limits login attempts per client address (the
 	// consoleLogin policy); nil allows every attempt.
 	LoginLimiter *ratelimit.Limiter
+	// Limiter limits every console request per client address (the
+	// global policy, shared with XRPC), logged in or not; nil allows
+	// every request.
+	Limiter *ratelimit.Limiter
 	// ClientIP is the request's client address (default: the TCP peer);
 	// the pds passes its own, which believes only trusted proxies.
 	ClientIP func(*http.Request) netip.Addr
@@ -84,12 +95,11 @@ type Config struct {
 
 // Console serves the operator console. Mount it at Prefix.
 type Console struct {
-	cfg     Config
-	log     *slog.Logger
-	keys    keys
-	revoked revocations
-	mux     *http.ServeMux
-	pages   *pages
+	cfg   Config
+	log   *slog.Logger
+	keys  *keyring.Ring
+	mux   *http.ServeMux
+	pages *pages
 }
 
 // New returns a console for cfg.
@@ -118,9 +128,14 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
+	ring, err := keyring.New(cfg.SessionSecret)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	c := &Console{
 		cfg: cfg, log: cfg.Logger.With("component", "console"),
-		keys: deriveKeys(cfg.SessionSecret, cfg.AdminPassword), mux: http.NewServeMux(), pages: p,
+		// Bound to the admin password: a new password ends every session.
+		keys: ring.With(cfg.AdminPassword), mux: http.NewServeMux(), pages: p,
 	}
 	c.routes()
 	return c, nil
@@ -166,6 +181,15 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// console's are for itself alone.
 	h.Del("Access-Control-Allow-Origin")
 	h.Del("Access-Control-Expose-Headers")
+	if l := c.cfg.Limiter; l != nil {
+		now := c.cfg.Now()
+		if d := l.AllowN(ratelimit.IPKey(c.cfg.ClientIP(r)), 1); !d.Allowed {
+			ratelimit.SetHeaders(h, d, now)
+			h.Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(d.RetryAfter), 10))
+			c.fail(w, r, http.StatusTooManyRequests, "Too many requests from your address; try again in "+d.RetryAfter.Round(time.Second).String()+".")
+			return
+		}
+	}
 	c.mux.ServeHTTP(w, r)
 }
 
@@ -176,6 +200,11 @@ type handler func(w http.ResponseWriter, r *http.Request, s session) error
 func (c *Console) page(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s, err := c.sessionOf(r)
+		if err != nil && !errors.Is(err, errBadCookie) {
+			c.log.Error("console session check failed", "err", err)
+			c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+			return
+		}
 		if err != nil {
 			next := r.URL.Path
 			if r.URL.RawQuery != "" && len(r.URL.RawQuery) < 1024 {
@@ -193,6 +222,11 @@ func (c *Console) page(h handler) http.Handler {
 func (c *Console) post(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s, err := c.sessionOf(r)
+		if err != nil && !errors.Is(err, errBadCookie) {
+			c.log.Error("console session check failed", "err", err)
+			c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+			return
+		}
 		if err != nil {
 			c.fail(w, r, http.StatusForbidden, "Your console session is over. Log in again.")
 			return
@@ -206,7 +240,7 @@ func (c *Console) post(h handler) http.Handler {
 			c.fail(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}
-		if !c.keys.checkCSRF("session", s.id, r.PostForm.Get(csrfField)) {
+		if !c.checkCSRF(keyring.ConsoleSessionCSRF, s, r.PostForm.Get(csrfField)) {
 			c.fail(w, r, http.StatusForbidden, "The form has no valid CSRF token: reload the page and try again.")
 			return
 		}
@@ -263,8 +297,10 @@ func sameOrigin(r *http.Request) bool {
 	if origin == "" || origin == "null" {
 		return origin == ""
 	}
+	// An origin is scheme://host[:port] and nothing else.
 	u, err := url.Parse(origin)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.User == nil && u.Path == "" && u.RawQuery == "" &&
+		strings.EqualFold(u.Host, r.Host)
 }
 
 // peerIP is the TCP peer of r.
@@ -277,4 +313,4 @@ func peerIP(r *http.Request) netip.Addr {
 }
 
 // csrf is the CSRF token for forms rendered in s.
-func (c *Console) csrf(s session) string { return c.keys.csrfToken("session", s.id) }
+func (c *Console) csrf(s session) string { return c.csrfToken(keyring.ConsoleSessionCSRF, s) }

@@ -57,6 +57,8 @@ func TestLoginAndPages(t *testing.T) {
 	over := b.get(console.Prefix)
 	require.Equal(t, 3, strings.Count(over.body, `<svg class="spark"`), over.body)
 	require.Contains(t, over.body, "Events per minute")
+	require.Contains(t, over.body, "In-flight budget")
+	require.Regexp(t, `In-flight budget</dt><dd>[0-9.]+ [kMG]?B of [0-9.]+ [kMG]?B in use`, over.body, "the default budget, as serve has it")
 	for _, path := range []string{"", "firehose", "firehose?kind=commit&min=100&over=1", "accounts", "accounts?q=alice", "invites", "audit", "audit?subject=x"} {
 		p := b.get(console.Prefix + path)
 		require.Equal(t, http.StatusOK, p.status, "%s: %s", path, p.body)
@@ -194,7 +196,8 @@ func TestBadInputPages(t *testing.T) {
 		{path: fmt.Sprintf("firehose/event/%d/repair", seq), form: url.Values{"action": {"rewrite"}, "reason": {strings.Repeat("r", 501)}}, status: http.StatusBadRequest, says: "longer than 500"},
 		{path: "firehose?kind=nope", status: http.StatusBadRequest, says: "Kind must be"},
 		{path: "firehose?did=not-a-did", status: http.StatusBadRequest, says: "is not a DID"},
-		{path: "firehose?from=x", status: http.StatusBadRequest, says: "From must be a seq"},
+		{path: "firehose?to=x", status: http.StatusBadRequest, says: "must be a seq"},
+		{path: "firehose?after=-1", status: http.StatusBadRequest, says: "must be a seq"},
 		{path: "firehose?min=-1", status: http.StatusBadRequest, says: "minimum size"},
 		{path: "accounts?status=gone", status: http.StatusBadRequest, says: "unknown account status"},
 		{path: "accounts?q=" + strings.Repeat("q", 300), status: http.StatusBadRequest, says: "longer than 256"},
@@ -245,7 +248,7 @@ func TestRepairFromConsole(t *testing.T) {
 	b := e.browser(t)
 	b.mustLogin()
 
-	list := b.get(console.Prefix + "firehose?over=1&from=0")
+	list := b.get(console.Prefix + "firehose?over=1")
 	require.Equal(t, http.StatusOK, list.status)
 	require.Contains(t, list.body, fmt.Sprintf(">%d</a>", seq))
 	require.Contains(t, list.body, "relays drop the connection above 5000000")

@@ -3,8 +3,10 @@ package console
 import (
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,28 +31,31 @@ const (
 	repairEmitSync   = "emit-sync"
 )
 
-// eventsView is the firehose page.
+// eventsView is the firehose page: events newest first.
 type eventsView struct {
-	Filter    eventsFilter
-	Events    []eventlog.EventInfo
-	Head      int64
-	NextFrom  int64
-	PrevFrom  int64
-	Truncated bool
+	Filter eventsFilter
+	Events []eventlog.EventInfo
+	Head   int64
+	// Older and Newer are where the next pages start (to=Older,
+	// after=Newer); 0 means no such page.
+	Older, Newer int64
+	Truncated    bool
 }
 
 // eventsFilter is the firehose page's form, as given.
 type eventsFilter struct {
-	From       string
+	To         string
+	After      string
 	DID        string
 	Kind       string
 	MinSize    string
 	OverLimits bool
 }
 
-// query is the filter as a query string (for paging links).
-func (f eventsFilter) query(from int64) string {
-	q := url.Values{"from": {strconv.FormatInt(from, 10)}}
+// query is the filter as a query string for a paging link: key is "to"
+// or "after".
+func (f eventsFilter) query(key string, seq int64) string {
+	q := url.Values{key: {strconv.FormatInt(seq, 10)}}
 	for k, v := range map[string]string{"did": f.DID, "kind": f.Kind, "min": f.MinSize} {
 		if v != "" {
 			q.Set(k, v)
@@ -62,47 +67,85 @@ func (f eventsFilter) query(from int64) string {
 	return q.Encode()
 }
 
-// Page links, for the template.
-func (v eventsView) NextQuery() string { return v.Filter.query(v.NextFrom) }
-func (v eventsView) PrevQuery() string { return v.Filter.query(v.PrevFrom) }
+// Page links, for the template (whole URLs: html/template would escape
+// a query string's "=" and "&" placed after the "?").
+func (v eventsView) OlderURL() template.URL {
+	return template.URL(Prefix + "firehose?" + v.Filter.query("to", v.Older))
+}
 
-func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request, s session) error {
-	ctx := r.Context()
-	q := r.URL.Query()
-	f := eventsFilter{From: q.Get("from"), DID: strings.TrimSpace(q.Get("did")), Kind: q.Get("kind"), MinSize: strings.TrimSpace(q.Get("min")), OverLimits: q.Get("over") != ""}
-	head, err := c.cfg.Log.LastSeq(ctx)
-	if err != nil {
-		return err
-	}
+func (v eventsView) NewerURL() template.URL {
+	return template.URL(Prefix + "firehose?" + v.Filter.query("after", v.Newer))
+}
+
+// parseEventsFilter reads the page's form into an eventlog filter and the
+// minimum size.
+func parseEventsFilter(q url.Values) (eventsFilter, eventlog.EventFilter, int, error) {
+	f := eventsFilter{To: strings.TrimSpace(q.Get("to")), After: strings.TrimSpace(q.Get("after")), DID: strings.TrimSpace(q.Get("did")),
+		Kind: q.Get("kind"), MinSize: strings.TrimSpace(q.Get("min")), OverLimits: q.Get("over") != ""}
 	ef := eventlog.EventFilter{Kind: eventlog.Kind(f.Kind), OverLimits: f.OverLimits, Limit: eventsPage}
 	switch ef.Kind {
 	case "", eventlog.KindCommit, eventlog.KindSync, eventlog.KindIdentity, eventlog.KindAccount:
 	default:
-		return badRequest("Kind must be commit, sync, identity or account.")
+		return f, ef, 0, badRequest("Kind must be commit, sync, identity or account.")
 	}
 	if f.DID != "" {
 		did, err := syntax.ParseDID(f.DID)
 		if err != nil {
-			return badRequest("%q is not a DID.", truncate(100, f.DID))
+			return f, ef, 0, badRequest("%q is not a DID.", truncate(100, f.DID))
 		}
 		ef.DID = did.String()
 	}
 	minSize := 0
 	if f.MinSize != "" {
+		var err error
 		if minSize, err = strconv.Atoi(f.MinSize); err != nil || minSize < 0 {
-			return badRequest("The minimum size must be a number of bytes.")
+			return f, ef, 0, badRequest("The minimum size must be a number of bytes.")
 		}
 	}
-	ef.FromSeq = max(head-eventsPage+1, 0)
-	if f.From != "" {
-		if ef.FromSeq, err = strconv.ParseInt(f.From, 10, 64); err != nil || ef.FromSeq < 0 {
-			return badRequest("From must be a seq.")
+	seq := func(v string) (int64, error) {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, badRequest("%q must be a seq.", truncate(40, v))
 		}
+		return n, nil
 	}
-	f.From = strconv.FormatInt(ef.FromSeq, 10)
-	v := eventsView{Filter: f, Head: head, PrevFrom: max(ef.FromSeq-eventsPage, 0)}
+	switch {
+	case f.After != "":
+		after, err := seq(f.After)
+		if err != nil {
+			return f, ef, 0, err
+		}
+		ef.FromSeq = after + 1
+	case f.To != "":
+		to, err := seq(f.To)
+		if err != nil {
+			return f, ef, 0, err
+		}
+		ef.Newest, ef.ToSeq = true, to
+	default:
+		ef.Newest = true
+	}
+	return f, ef, minSize, nil
+}
+
+// handleEvents lists events newest first, a page at a time: from the head,
+// from a seq down (to=), or the page above a seq (after=).
+func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request, s session) error {
+	ctx := r.Context()
+	f, ef, minSize, err := parseEventsFilter(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	head, err := c.cfg.Log.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	v := eventsView{Filter: f, Head: head}
+	if ef.Newest && (ef.ToSeq == 0 || ef.ToSeq > head) {
+		ef.ToSeq = head
+	}
 	scanned := 0
-	for len(v.Events) < eventsPage && scanned < eventsScan {
+	for head > 0 && len(v.Events) < eventsPage && scanned < eventsScan {
 		evs, err := c.cfg.Log.Inspect(ctx, ef)
 		if err != nil {
 			return err
@@ -116,12 +159,26 @@ func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request, s session
 		if len(evs) < ef.Limit || minSize == 0 {
 			break
 		}
-		ef.FromSeq = evs[len(evs)-1].Seq + 1
+		if ef.Newest {
+			if ef.ToSeq = evs[len(evs)-1].Seq - 1; ef.ToSeq < 1 {
+				break
+			}
+		} else {
+			ef.FromSeq = evs[len(evs)-1].Seq + 1
+		}
 		ef.Limit = 1000
+	}
+	if !ef.Newest {
+		slices.Reverse(v.Events)
 	}
 	v.Truncated = scanned >= eventsScan
 	if n := len(v.Events); n > 0 {
-		v.NextFrom = v.Events[n-1].Seq + 1
+		if v.Events[n-1].Seq > 1 {
+			v.Older = v.Events[n-1].Seq - 1
+		}
+		if v.Events[0].Seq < head {
+			v.Newer = v.Events[0].Seq
+		}
 	}
 	return c.show(w, s, "firehose", "Firehose", "events", v)
 }
@@ -129,6 +186,7 @@ func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request, s session
 // eventView is one event's page, and its confirmation page.
 type eventView struct {
 	Event    eventlog.EventInfo
+	Ops      []eventlog.Op
 	CanSync  bool // repo.SyncEvent is available for emit-sync
 	Action   string
 	Title    string
@@ -160,7 +218,11 @@ func (c *Console) handleEvent(w http.ResponseWriter, r *http.Request, s session)
 	if err != nil {
 		return err
 	}
-	return c.show(w, s, "firehose", fmt.Sprintf("Event %d", ev.Seq), "event", eventView{Event: ev, CanSync: c.cfg.Sync != nil})
+	ops, err := c.cfg.Log.Ops(r.Context(), ev.Seq)
+	if err != nil {
+		return err
+	}
+	return c.show(w, s, "firehose", fmt.Sprintf("Event %d", ev.Seq), "event", eventView{Event: ev, Ops: ops, CanSync: c.cfg.Sync != nil})
 }
 
 // explain says what a repair of ev will do, or refuses one that does not
@@ -172,7 +234,7 @@ func (c *Console) explain(ev eventlog.EventInfo, action string) (string, []strin
 			return "", nil, conflict("Event %d is a #%s: only a #commit or #sync can be rewritten as #sync.", ev.Seq, ev.Kind)
 		}
 		return "Rewrite as #sync", []string{
-			fmt.Sprintf("Event %d (#%s of %s, rev %s, %s) is replaced by a #sync of the same repository at the same rev, keeping seq %d; its blocks hold only the signed commit.", ev.Seq, ev.Kind, ev.DID, ev.Rev, humanBytes(ev.FrameBytes), ev.Seq),
+			fmt.Sprintf("Event %d (#%s of %s, rev %s, %s) is replaced by a #sync of the same repository at the same rev, keeping seq %d; its blocks hold only the signed commit.", ev.Seq, ev.Kind, ev.DID, ev.Rev, humanBytes(int64(ev.FrameBytes)), ev.Seq),
 			"Consumers stuck on it read the #sync instead and fetch the repository again.",
 			"The change is recorded in the audit log. Rewriting a compliant #sync changes nothing.",
 		}, nil

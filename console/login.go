@@ -4,10 +4,13 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
@@ -19,18 +22,21 @@ type loginView struct {
 	Next    string
 	CSRF    string
 	Message string
+	// PasswordFile is where the password is kept ("" when it is set by
+	// BULWARK_ADMIN_PASSWORD).
+	PasswordFile string
 }
 
 // loginAttempt starts (or continues) a login: a short-lived signed cookie
 // whose id the form's CSRF token is bound to.
 func (c *Console) loginAttempt(w http.ResponseWriter, r *http.Request) session {
 	if ck, err := r.Cookie(loginCookie); err == nil {
-		if s, err := c.keys.decode(ck.Value, c.cfg.Now()); err == nil {
+		if s, err := c.open(keyring.ConsoleLogin, ck.Value); err == nil {
 			return s
 		}
 	}
 	s := session{id: newID(), expires: c.cfg.Now().Add(loginAttemptTTL)}
-	c.setCookie(w, loginCookie, c.keys.encode(s), s.expires)
+	c.setCookie(w, loginCookie, c.seal(keyring.ConsoleLogin, s), s.expires)
 	return s
 }
 
@@ -41,7 +47,8 @@ func (c *Console) handleLoginForm(w http.ResponseWriter, r *http.Request) {
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	a := c.loginAttempt(w, r)
 	c.render(w, status, "login", view{Title: "Log in", Data: loginView{
-		Next: safeNext(r.FormValue("next")), CSRF: c.keys.csrfToken("login", a.id), Message: msg,
+		Next: safeNext(r.FormValue("next")), CSRF: c.csrfToken(keyring.ConsoleLoginCSRF, a), Message: msg,
+		PasswordFile: c.cfg.AdminPasswordFile,
 	}})
 }
 
@@ -68,9 +75,9 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	ck, err := r.Cookie(loginCookie)
 	var a session
 	if err == nil {
-		a, err = c.keys.decode(ck.Value, now)
+		a, err = c.open(keyring.ConsoleLogin, ck.Value)
 	}
-	if err != nil || !c.keys.checkCSRF("login", a.id, r.PostForm.Get(csrfField)) {
+	if err != nil || !c.checkCSRF(keyring.ConsoleLoginCSRF, a, r.PostForm.Get(csrfField)) {
 		c.showLogin(w, r, http.StatusForbidden, "The login form expired; try again.")
 		return
 	}
@@ -80,24 +87,47 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusUnauthorized, "Wrong password.")
 		return
 	}
-	s := session{id: newID(), expires: now.Add(c.cfg.SessionTTL)}
-	c.setCookie(w, sessionCookie, c.keys.encode(s), s.expires)
+	s, err := c.startSession(r.Context())
+	if err != nil {
+		c.log.Error("console login failed", "err", err)
+		c.fail(w, r, http.StatusInternalServerError, "Something went wrong; the server log has the details.")
+		return
+	}
+	c.setCookie(w, sessionCookie, c.seal(keyring.ConsoleSession, s), s.expires)
 	c.setCookie(w, loginCookie, "", time.Time{})
 	c.log.Info("console login", "client", c.cfg.ClientIP(r).String())
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
 func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request, s session) error {
-	c.revoked.revoke(s, c.cfg.Now())
+	if err := c.endSession(r.Context(), s); err != nil {
+		return err
+	}
 	c.setCookie(w, sessionCookie, "", time.Time{})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 	return nil
 }
 
-// safeNext keeps a post-login destination inside the console.
+// maxNext bounds a post-login destination.
+const maxNext = 2048
+
+// safeNext keeps a post-login destination inside the console: a path
+// (no scheme, host or user), which once cleaned of dot segments and
+// repeated slashes is still under Prefix; anything else is Prefix.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || len(next) > 2048 {
+	if len(next) > maxNext || strings.ContainsAny(next, "\\\r\n\t") {
 		return Prefix
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return Prefix
+	}
+	clean := path.Clean(u.Path)
+	if !strings.HasPrefix(clean+"/", Prefix) {
+		return Prefix
+	}
+	if strings.HasSuffix(u.Path, "/") && !strings.HasSuffix(clean, "/") {
+		clean += "/"
+	}
+	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()
 }

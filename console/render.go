@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"math"
 	"net/http"
 	"path"
 	"strconv"
@@ -25,7 +26,7 @@ type pages struct {
 }
 
 var funcs = template.FuncMap{
-	"bytes":    humanBytes,
+	"bytes":    bytesOf,
 	"time":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"join":     strings.Join,
 	"prefix":   func() string { return Prefix },
@@ -126,8 +127,22 @@ func (c *Console) handleStatic(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
+// bytesOf is the template's size function: sizes come as int (event
+// sizes) and int64 (the budget), and a template does not convert them.
+func bytesOf(v any) (string, error) {
+	switch n := v.(type) {
+	case int:
+		return humanBytes(int64(n)), nil
+	case int64:
+		return humanBytes(n), nil
+	case uint64:
+		return humanBytes(int64(min(n, math.MaxInt64))), nil
+	}
+	return "", fmt.Errorf("bytes: %T is not a size", v)
+}
+
 // humanBytes writes a size for people: 5.1 MB, 812 B.
-func humanBytes(n int) string {
+func humanBytes(n int64) string {
 	switch {
 	case n >= 1_000_000:
 		return fmt.Sprintf("%.1f MB", float64(n)/1e6)

@@ -1,19 +1,21 @@
 package console
 
 import (
-	"crypto/hmac"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
+	_ "embed"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 )
 
-// Cookie names. The session cookie is scoped to Prefix.
+// Cookie names. Both are scoped to Prefix.
 const (
 	sessionCookie = "bulwark_console"
 	loginCookie   = "bulwark_console_login"
@@ -22,93 +24,59 @@ const (
 // csrfField is the name of the hidden field every form carries.
 const csrfField = "csrf"
 
-// maxRevoked bounds the sessions remembered as logged out before they
-// expire.
-const maxRevoked = 10_000
-
-// errBadCookie means a cookie is missing, malformed, expired, revoked or
-// not signed by this server.
+// errBadCookie means a cookie is missing, malformed, expired, logged out,
+// not signed by this server, or signed for another purpose.
 var errBadCookie = errors.New("no valid console session")
 
-// keys are the MAC keys of sessions and CSRF tokens.
-type keys struct {
-	session []byte
-	csrf    []byte
-}
+//go:embed sessions.sql
+var sessionsSQL string
 
-// deriveKeys makes the console's keys from the JWT secret and the admin
-// password: a session outlives neither a new secret nor a new password.
-func deriveKeys(secret []byte, adminPassword string) keys {
-	pw := sha256.Sum256([]byte(adminPassword))
-	derive := func(label string) []byte {
-		m := hmac.New(sha256.New, secret)
-		m.Write([]byte("bulwark console " + label + " v1\x00"))
-		m.Write(pw[:])
-		return m.Sum(nil)
-	}
-	return keys{session: derive("session"), csrf: derive("csrf")}
-}
+var (
+	sessionQueries = db.MustParseQueries(sessionsSQL)
+	qInsertSession = sessionQueries.MustGet("InsertSession")
+	qSessionLive   = sessionQueries.MustGet("SessionLive")
+	qDeleteSession = sessionQueries.MustGet("DeleteSession")
+	qDeleteExpired = sessionQueries.MustGet("DeleteExpiredSessions")
+)
 
-// session is a logged-in operator's cookie: an id and its lifetime.
+// session is a logged-in operator's session, or a login attempt: a random
+// id and its lifetime.
 type session struct {
 	id      [16]byte
 	expires time.Time
 }
 
-// token layout: 16-byte id, 8-byte expiry (unix seconds), 32-byte MAC.
-const tokenLen = 16 + 8 + sha256.Size
+// Every value the console signs names its purpose (package keyring): a
+// login attempt's cookie, a session's cookie, and the CSRF tokens of the
+// login form and of a session's forms are four purposes, and no value of
+// one is accepted as another.
 
-func (k keys) mac(key []byte, parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, p := range parts {
-		m.Write(p)
-	}
-	return m.Sum(nil)
+// seal signs s as a cookie value for purpose p.
+func (c *Console) seal(p keyring.Purpose, s session) string {
+	return c.keys.Seal(p, s.id[:], s.expires)
 }
 
-// encode signs s as a cookie value.
-func (k keys) encode(s session) string {
-	buf := make([]byte, 0, tokenLen)
-	buf = append(buf, s.id[:]...)
-	buf = binary.BigEndian.AppendUint64(buf, uint64(s.expires.Unix()))
-	buf = append(buf, k.mac(k.session, buf)...)
-	return base64.RawURLEncoding.EncodeToString(buf)
-}
-
-// decode checks a cookie value's signature and expiry.
-func (k keys) decode(v string, now time.Time) (session, error) {
-	if len(v) > 2*tokenLen {
+// open reads a cookie value signed for purpose p.
+func (c *Console) open(p keyring.Purpose, v string) (session, error) {
+	payload, expires, err := c.keys.Open(p, v, c.cfg.Now())
+	if err != nil || len(payload) != 16 {
 		return session{}, errBadCookie
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(v)
-	if err != nil || len(raw) != tokenLen {
-		return session{}, errBadCookie
-	}
-	body, sum := raw[:16+8], raw[16+8:]
-	if !hmac.Equal(sum, k.mac(k.session, body)) {
-		return session{}, errBadCookie
-	}
-	var s session
-	copy(s.id[:], body[:16])
-	s.expires = time.Unix(int64(binary.BigEndian.Uint64(body[16:])), 0)
-	if !now.Before(s.expires) {
-		return session{}, errBadCookie
-	}
+	s := session{expires: expires}
+	copy(s.id[:], payload)
 	return s, nil
 }
 
-// csrfToken is the CSRF token of forms in the session (or login attempt)
-// with id: a MAC of the id, so that only pages this server rendered for
-// that session carry it.
-func (k keys) csrfToken(purpose string, id [16]byte) string {
-	return base64.RawURLEncoding.EncodeToString(k.mac(k.csrf, []byte(purpose), id[:]))
+// csrfToken is the CSRF token for forms of the session (ConsoleSessionCSRF)
+// or login attempt (ConsoleLoginCSRF) s: only pages this server rendered
+// for s carry it.
+func (c *Console) csrfToken(p keyring.Purpose, s session) string {
+	return c.keys.Tag(p, s.id[:])
 }
 
-// checkCSRF compares a submitted token with the expected one in constant
-// time.
-func (k keys) checkCSRF(purpose string, id [16]byte, got string) bool {
-	want := k.csrfToken(purpose, id)
-	return len(got) == len(want) && hmac.Equal([]byte(got), []byte(want))
+// checkCSRF compares a submitted token with s's in constant time.
+func (c *Console) checkCSRF(p keyring.Purpose, s session, got string) bool {
+	return c.keys.CheckTag(p, got, s.id[:])
 }
 
 func newID() [16]byte {
@@ -119,35 +87,32 @@ func newID() [16]byte {
 	return id
 }
 
-// revocations remembers logged-out sessions until they expire, so that a
-// copied cookie dies with the logout. Per node, bounded.
-type revocations struct {
-	mu  sync.Mutex
-	ids map[[16]byte]time.Time
+// rowID is the key of s's row: the id never reaches the database as is.
+func rowID(s session) []byte {
+	sum := sha256.Sum256(s.id[:])
+	return sum[:]
 }
 
-func (r *revocations) revoke(s session, now time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ids == nil {
-		r.ids = map[[16]byte]time.Time{}
+// startSession records a new session (after the password was checked),
+// dropping expired ones, and returns it.
+func (c *Console) startSession(ctx context.Context) (session, error) {
+	now := c.cfg.Now()
+	s := session{id: newID(), expires: now.Add(c.cfg.SessionTTL)}
+	if _, err := c.cfg.DB.Exec(ctx, qDeleteExpired, now); err != nil {
+		return session{}, fmt.Errorf("console sessions: %w", db.Translate(err))
 	}
-	for id, exp := range r.ids {
-		if !now.Before(exp) {
-			delete(r.ids, id)
-		}
+	if _, err := c.cfg.DB.Exec(ctx, qInsertSession, rowID(s), s.expires); err != nil {
+		return session{}, fmt.Errorf("console sessions: %w", db.Translate(err))
 	}
-	if len(r.ids) >= maxRevoked {
-		return // full of live revocations: the cookies still expire
-	}
-	r.ids[s.id] = s.expires
+	return s, nil
 }
 
-func (r *revocations) revoked(id [16]byte) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.ids[id]
-	return ok
+// endSession forgets s: its cookie opens nothing any more, on any node.
+func (c *Console) endSession(ctx context.Context, s session) error {
+	if _, err := c.cfg.DB.Exec(ctx, qDeleteSession, rowID(s)); err != nil {
+		return fmt.Errorf("console sessions: %w", db.Translate(err))
+	}
+	return nil
 }
 
 // setCookie writes a console cookie: HttpOnly, SameSite=Strict, scoped to
@@ -165,14 +130,22 @@ func (c *Console) setCookie(w http.ResponseWriter, name, value string, expires t
 	http.SetCookie(w, ck)
 }
 
-// sessionOf returns the request's valid session.
+// sessionOf returns the request's live session: errBadCookie when there is
+// none, another error when the database cannot say.
 func (c *Console) sessionOf(r *http.Request) (session, error) {
 	ck, err := r.Cookie(sessionCookie)
 	if err != nil {
 		return session{}, errBadCookie
 	}
-	s, err := c.keys.decode(ck.Value, c.cfg.Now())
-	if err != nil || c.revoked.revoked(s.id) {
+	s, err := c.open(keyring.ConsoleSession, ck.Value)
+	if err != nil {
+		return session{}, err
+	}
+	var live bool
+	if err := c.cfg.DB.QueryRow(r.Context(), qSessionLive, rowID(s), c.cfg.Now()).Scan(&live); err != nil {
+		return session{}, fmt.Errorf("console sessions: %w", db.Translate(err))
+	}
+	if !live {
 		return session{}, errBadCookie
 	}
 	return s, nil

@@ -23,9 +23,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/console"
 	"github.com/bulwark-pds/bulwark/db/dbtest"
+	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/email/emailtest"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/eventlog/eventlogtest"
 	"github.com/bulwark-pds/bulwark/firehose"
@@ -58,6 +61,8 @@ type env struct {
 	console  *console.Console
 	// sampler is the overview's history (samples taken by hand).
 	sampler *console.Sampler
+	// budget is the in-flight budget, shown on the overview.
+	budget *budget.Budget
 	// seqs receives each last seq the sequencer assigns.
 	seqs *seqWatch
 }
@@ -67,10 +72,17 @@ type envOptions struct {
 	off bool
 	// loginRules replace the consoleLogin policy.
 	loginRules []ratelimit.Rule
+	// globalRules replace the global policy.
+	globalRules []ratelimit.Rule
 	// watch, when set, is shown on the overview.
 	watch func(e *env) *relaywatch.Watch
 	// disableOversizeSync serves oversized events as stored.
 	disableOversizeSync bool
+	// passwordFile is where the login page says the password is.
+	passwordFile string
+	// smtp sends mail to a real SMTP server in the test (else mail is
+	// held in the outbox).
+	smtp bool
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -116,13 +128,16 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.accounts, err = account.New(account.Config{
 		Pool: pool, Keys: keys, Repo: e.engine, PLC: pc, Waker: e.seq, HandleDomains: cfg.HandleDomains,
 		PublicURL: cfg.PublicURL(), ServiceDID: cfg.ServiceDID(), JWTSecret: []byte(cfg.JWTSecret),
-		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet,
+		Password: account.PasswordParams{Memory: 256, Time: 1, Threads: 1}, Logger: quiet, Mail: newMailer(t, pool, o.smtp),
 	})
 	require.NoError(t, err)
 
 	policies := ratelimit.DefaultPolicies()
 	if o.loginRules != nil {
 		policies[ratelimit.PolicyConsoleLogin] = o.loginRules
+	}
+	if o.globalRules != nil {
+		policies[ratelimit.PolicyGlobal] = o.globalRules
 	}
 	limits, err := ratelimit.NewSet(policies, 0)
 	require.NoError(t, err)
@@ -133,10 +148,13 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	var srv *pds.Server
 	if !o.off {
+		e.budget = newBudget(cfg)
+		opts.Budget = e.budget
 		ccfg := console.Config{
-			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(),
+			AdminPassword: adminPassword, SessionSecret: []byte(cfg.JWTSecret), Secure: !cfg.IsLocal(), Budget: e.budget,
 			Log: e.log, Sync: repo.SyncEvent, DB: pool, Accounts: e.accounts, Health: health,
-			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Logger: quiet,
+			LoginLimiter: limits.Get(ratelimit.PolicyConsoleLogin), Limiter: limits.Get(ratelimit.PolicyGlobal),
+			Logger: quiet, AdminPasswordFile: o.passwordFile,
 			ClientIP: func(r *http.Request) netip.Addr { return srv.ClientIP(r) },
 		}
 		if o.watch != nil {
@@ -154,6 +172,30 @@ func newEnv(t *testing.T, o envOptions) *env {
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { e.hub.Close(); _ = hs.Close() })
 	return e
+}
+
+// newMailer is a Mailer sending to a real SMTP server in the test when
+// smtp is set; nil (mail held in the outbox) otherwise.
+func newMailer(t *testing.T, pool *pgxpool.Pool, smtp bool) *email.Mailer {
+	t.Helper()
+	if !smtp {
+		return nil
+	}
+	srv := emailtest.StartSMTP(t, emailtest.Options{})
+	sc, err := email.ParseSMTPURL(srv.URL())
+	require.NoError(t, err)
+	m, err := email.New(pool, email.Config{From: "Bulwark <noreply@pds.test>", SMTP: sc, Logger: quiet})
+	require.NoError(t, err)
+	return m
+}
+
+// newBudget is the in-flight budget of cfg, as serve builds it.
+func newBudget(cfg *config.Config) *budget.Budget {
+	queue := cfg.InflightQueue
+	if queue == 0 {
+		queue = -1 // budget.Config: negative is "no queue"
+	}
+	return budget.New(budget.Config{Capacity: cfg.InflightBudget, MaxQueue: queue})
 }
 
 // seqWatch follows the last seq assigned.
@@ -210,6 +252,9 @@ func (e *env) newRepo(t *testing.T, handle string) (syntax.DID, int64) {
 	defer cancel()
 	var seq int64
 	for seq == 0 {
+		// The head before looking: an event sequenced after this read is
+		// past it, so the wait below cannot miss it.
+		last := e.lastSeq(t)
 		evs, err := e.log.Inspect(ctx, eventlog.EventFilter{DID: a.DID.String(), Kind: eventlog.KindCommit, Limit: 10})
 		require.NoError(t, err)
 		for _, ev := range evs {
@@ -218,7 +263,7 @@ func (e *env) newRepo(t *testing.T, handle string) (syntax.DID, int64) {
 			}
 		}
 		if seq == 0 {
-			e.seqs.wait(t, wctx, e.lastSeq(t)+1)
+			e.seqs.wait(t, wctx, last+1)
 		}
 	}
 	return a.DID, seq

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/ipfs/go-cid"
 )
 
 // storedFields are the parts of a stored #commit or #sync body that a
@@ -153,4 +155,133 @@ func (r *cborReader) skip(depth int) error {
 		return r.skip(depth + 1)
 	}
 	return nil
+}
+
+// Op is one operation of a stored #commit: what happened at which path,
+// and the CID of the record after it (none for a delete) and before it
+// (when the commit says).
+type Op struct {
+	Action string `json:"action"`
+	Path   string `json:"path"`
+	CID    string `json:"cid,omitempty"`
+	Prev   string `json:"prev,omitempty"`
+}
+
+// readOps pulls the ops out of a stored #commit body with the same minimal
+// reader, so an oversized commit can be shown too.
+func readOps(body []byte) ([]Op, error) {
+	r := cborReader{b: body}
+	major, n, err := r.head()
+	if err != nil {
+		return nil, err
+	}
+	if major != 5 {
+		return nil, fmt.Errorf("%w: not a map", errMalformedBody)
+	}
+	for range n {
+		key, err := r.text()
+		if err != nil {
+			return nil, err
+		}
+		if key != "ops" {
+			if err := r.skip(0); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		am, count, err := r.head()
+		if err != nil {
+			return nil, err
+		}
+		if am != 4 || count > uint64(len(body)) {
+			return nil, fmt.Errorf("%w: ops is not an array", errMalformedBody)
+		}
+		ops := make([]Op, 0, min(count, 256))
+		for range count {
+			op, err := r.op()
+			if err != nil {
+				return nil, err
+			}
+			ops = append(ops, op)
+		}
+		return ops, nil
+	}
+	return nil, nil
+}
+
+// op reads one repoOp map.
+func (r *cborReader) op() (Op, error) {
+	var op Op
+	major, n, err := r.head()
+	if err != nil {
+		return op, err
+	}
+	if major != 5 {
+		return op, fmt.Errorf("%w: op is not a map", errMalformedBody)
+	}
+	for range n {
+		key, err := r.text()
+		if err != nil {
+			return op, err
+		}
+		switch key {
+		case "action":
+			op.Action, err = r.text()
+		case "path":
+			op.Path, err = r.text()
+		case "cid":
+			op.CID, err = r.link()
+		case "prev":
+			op.Prev, err = r.link()
+		default:
+			err = r.skip(0)
+		}
+		if err != nil {
+			return op, err
+		}
+	}
+	return op, nil
+}
+
+// text reads a text string.
+func (r *cborReader) text() (string, error) {
+	major, n, err := r.head()
+	if err != nil {
+		return "", err
+	}
+	if major != 3 {
+		return "", fmt.Errorf("%w: expected text", errMalformedBody)
+	}
+	v, err := r.take(n)
+	return string(v), err
+}
+
+// link reads a CID link (tag 42) or null as a CID string ("" for null).
+func (r *cborReader) link() (string, error) {
+	major, arg, err := r.head()
+	if err != nil {
+		return "", err
+	}
+	if major == 7 && arg == 22 {
+		return "", nil
+	}
+	if major != 6 || arg != 42 {
+		return "", fmt.Errorf("%w: expected a CID link", errMalformedBody)
+	}
+	bm, n, err := r.head()
+	if err != nil {
+		return "", err
+	}
+	b, err := r.take(n)
+	if err != nil {
+		return "", err
+	}
+	if bm != 2 || len(b) < 2 || b[0] != 0 {
+		return "", fmt.Errorf("%w: malformed CID link", errMalformedBody)
+	}
+	c, err := cid.Cast(b[1:])
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errMalformedBody, err)
+	}
+	return c.String(), nil
 }

@@ -25,6 +25,8 @@ var repairSQL string
 var (
 	repairQueries    = db.MustParseQueries(repairSQL)
 	qInspectEvents   = repairQueries.MustGet("InspectEvents")
+	qInspectDesc     = repairQueries.MustGet("InspectEventsDesc")
+	qEventBody       = repairQueries.MustGet("EventBody")
 	qLockEvent       = repairQueries.MustGet("LockEvent")
 	qRewriteEvent    = repairQueries.MustGet("RewriteEvent")
 	qInvalidateEvent = repairQueries.MustGet("InvalidateEvent")
@@ -57,18 +59,25 @@ type EventFilter struct {
 	Kind    Kind
 	// OverLimits keeps only events that break a protocol limit.
 	OverLimits bool
-	Limit      int // default 100, at most 1000
+	// Newest lists from ToSeq (or the newest event) down to FromSeq.
+	Newest bool
+	Limit  int // default 100, at most 1000
 }
 
-// Inspect lists sequenced events matching f, in seq order.
+// Inspect lists sequenced events matching f, in seq order (newest first
+// with f.Newest).
 func (l *Log) Inspect(ctx context.Context, f EventFilter) ([]EventInfo, error) {
 	if f.Limit <= 0 || f.Limit > 1000 {
 		f.Limit = min(max(f.Limit, 100), 1000)
 	}
+	query := qInspectEvents
+	if f.Newest {
+		query = qInspectDesc
+	}
 	var out []EventInfo
-	from := f.FromSeq
+	from, to := f.FromSeq, f.ToSeq
 	for len(out) < f.Limit {
-		rows, err := l.pool.Query(ctx, qInspectEvents, from, f.ToSeq, f.DID, string(f.Kind), f.Limit)
+		rows, err := l.pool.Query(ctx, query, from, to, f.DID, string(f.Kind), f.Limit)
 		if err != nil {
 			return nil, fmt.Errorf("inspecting events: %w", db.Translate(err))
 		}
@@ -93,12 +102,40 @@ func (l *Log) Inspect(ctx context.Context, f EventFilter) ([]EventInfo, error) {
 		if len(page) < f.Limit || !f.OverLimits {
 			break
 		}
-		from = page[len(page)-1].Seq + 1
+		if f.Newest {
+			if to = page[len(page)-1].Seq - 1; to < max(from, 1) {
+				break
+			}
+		} else {
+			from = page[len(page)-1].Seq + 1
+		}
 	}
 	if len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
 	return out, nil
+}
+
+// Ops returns the operations of the #commit at seq (invalidated or not):
+// nil for another kind of event, ErrNoEvent when there is none.
+func (l *Log) Ops(ctx context.Context, seq int64) ([]Op, error) {
+	var kind string
+	var body []byte
+	err := db.Translate(l.pool.QueryRow(ctx, qEventBody, seq).Scan(&kind, &body))
+	if errors.Is(err, db.ErrNotFound) {
+		return nil, ErrNoEvent
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading event %d: %w", seq, err)
+	}
+	if Kind(kind) != KindCommit {
+		return nil, nil
+	}
+	ops, err := readOps(body)
+	if err != nil {
+		return nil, fmt.Errorf("reading event %d: %w", seq, err)
+	}
+	return ops, nil
 }
 
 // problems names the protocol limits an event of this shape breaks.

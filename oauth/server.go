@@ -2,8 +2,6 @@ package oauth
 
 import (
 	"context"
-	"crypto/hkdf"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +13,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 	"github.com/bulwark-pds/bulwark/oauth/dpop"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 )
@@ -91,8 +90,8 @@ type Config struct {
 	// Accounts signs people in and looks accounts up. Required.
 	Accounts Accounts
 	// Secret (at least 32 bytes) keys access tokens (HS256), DPoP nonces
-	// and CSRF tokens, each through its own HKDF-derived key, so passing
-	// the server's session-token secret is fine. Every node behind one
+	// and CSRF tokens, each through its own key derived by package
+	// keyring, so passing the server's session-token secret is fine. Every node behind one
 	// issuer needs the same value. Required.
 	Secret []byte
 	// HTTPClient fetches client metadata documents and JWKS. Pass the
@@ -241,8 +240,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
+	keys := keyring.MustNew(cfg.Secret)
 	dcfg := cfg.DPoP
-	dcfg.Secret = derive(cfg.Secret, "bulwark oauth dpop nonce")
+	dcfg.Secret = cfg.Secret // the verifier derives its nonce key from it
 	dcfg.Now = cfg.Now
 	pg, err := newPages()
 	if err != nil {
@@ -254,21 +254,12 @@ func New(cfg Config) (*Server, error) {
 		accounts: cfg.Accounts,
 		dpop:     dpop.NewVerifier(dcfg),
 		clients:  newClientCache(&cfg),
-		tokenKey: derive(cfg.Secret, "bulwark oauth access token"),
-		csrfKey:  derive(cfg.Secret, "bulwark oauth csrf"),
+		tokenKey: keys.Key(keyring.OAuthAccessToken),
+		csrfKey:  keys.Key(keyring.OAuthCSRF),
 		secure:   iss.Scheme == "https",
 		log:      cfg.Logger.With("component", "oauth"),
 		pages:    pg,
 	}, nil
-}
-
-// derive makes a 32-byte key for one purpose from the shared secret.
-func derive(secret []byte, label string) []byte {
-	k, err := hkdf.Key(sha256.New, secret, nil, label, 32)
-	if err != nil {
-		panic("oauth: hkdf: " + err.Error()) // only for absurd lengths
-	}
-	return k
 }
 
 // Issuer is the server's issuer URL.

@@ -283,7 +283,7 @@ func (s *Server) handleAdminUpdateAccountPassword(w http.ResponseWriter, r *http
 		return InvalidRequest("did: %v", err)
 	}
 	// The password itself never reaches the audit log.
-	opt := audited("updateAccountPassword", did.String(), nil, map[string]any{"password": "changed", "sessions": "ended", "appPasswords": "revoked"})
+	opt := account.PasswordAudited(did, adminEntry("updateAccountPassword", did.String()))
 	err = s.accounts.SetPassword(r.Context(), did, in.Password, opt)
 	if err := s.adminDone(r.Context(), "updateAccountPassword", did.String(), err); err != nil {
 		return err
@@ -334,8 +334,7 @@ func (s *Server) handleAdminDisableInviteCodes(w http.ResponseWriter, r *http.Re
 		// made for nobody in particular, too broad to disable by accident.
 		return InvalidRequest("cannot disable admin invite codes")
 	}
-	opt := audited("disableInviteCodes", "invite_codes", nil, map[string]any{"codes": in.Codes, "accounts": in.Accounts})
-	err := s.accounts.DisableInviteCodes(r.Context(), in.Codes, in.Accounts, opt)
+	err := s.accounts.DisableInviteCodes(r.Context(), in.Codes, in.Accounts, adminEntry("disableInviteCodes", "invite_codes"))
 	if err := s.adminDone(r.Context(), "disableInviteCodes", "invite_codes", err); err != nil {
 		return err
 	}

@@ -397,6 +397,11 @@ func TestAdminInviteCodes(t *testing.T) {
 	e.adminProc(t, "enableAccountInvites", map[string]any{"account": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"}).fails(t, http.StatusBadRequest, "AccountNotFound")
 	e.adminProc(t, "disableAccountInvites", map[string]any{"account": "someone.test"}).fails(t, http.StatusBadRequest, "InvalidRequest")
 
-	require.Equal(t, []string{"com.atproto.admin.disableInviteCodes", "com.atproto.admin.disableInviteCodes"}, auditActions(t, e.pool, "invite_codes"))
-	require.Equal(t, []string{"com.atproto.admin.disableAccountInvites", "com.atproto.admin.enableAccountInvites"}, auditActions(t, e.pool, u.did.String()))
+	require.Equal(t, []string{
+		"com.atproto.server.createInviteCodes", "com.atproto.server.createInviteCodes",
+		"com.atproto.admin.disableInviteCodes", "com.atproto.admin.disableInviteCodes",
+	}, auditActions(t, e.pool, "invite_codes"))
+	require.Equal(t, []string{
+		"com.atproto.server.createInviteCodes", "com.atproto.admin.disableAccountInvites", "com.atproto.admin.enableAccountInvites",
+	}, auditActions(t, e.pool, u.did.String()))
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/audit"
 )
 
 // Admin requestCrawl: ask relays to crawl this server now, as the reference
@@ -74,6 +76,10 @@ func (s *Server) handleRequestCrawl(w http.ResponseWriter, r *http.Request) erro
 	wg.Wait()
 	for _, res := range results {
 		s.logger.Info("admin requestCrawl", "relay", res.Relay, "ok", res.OK, "error", res.Error, "request_id", RequestID(r.Context()))
+	}
+	e := &audit.Entry{Actor: adminActor, Action: AdminNSIDPrefix + "requestCrawl", Subject: s.cfg.Hostname, After: map[string]any{"results": results}}
+	if err := audit.Record(r.Context(), s.db, e); err != nil {
+		return err
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"hostname": s.cfg.Hostname, "results": results})
 }

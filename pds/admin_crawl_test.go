@@ -1,6 +1,7 @@
 package pds
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/config"
 )
 
@@ -57,6 +59,10 @@ func TestAdminRequestCrawl(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	require.Equal(t, result{Hostname: "pds.example.com", Results: []requestCrawlResult{{Relay: configured, OK: true}}}, decode(body))
 	require.Equal(t, "pds.example.com", <-configuredGot)
+	entries, err := audit.List(context.Background(), b.server.db, "pds.example.com", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "the admin's call is audited")
+	require.Equal(t, AdminNSIDPrefix+"requestCrawl", entries[0].Action)
 
 	// One relay given replaces the configured ones; a refusal is reported.
 	refusing, refusingGot := crawlRelay(t, http.StatusBadRequest)

@@ -8,6 +8,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/audit"
 )
 
 // registerAccountRoutes registers account creation, app passwords, invite
@@ -67,6 +68,15 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	if in.Password == "" {
 		return newError(http.StatusBadRequest, "InvalidPassword", "password is required")
 	}
+	var e *audit.Entry
+	if _, _, ok := r.BasicAuth(); ok {
+		// An administrator making an account (bulwark admin account
+		// create): checked like every admin call, and audited.
+		if err := s.requireAdmin(r); err != nil {
+			return err
+		}
+		e = &audit.Entry{Actor: adminActor, Action: "com.atproto.server.createAccount"}
+	}
 	if in.DID != "" {
 		// An account moving here: the requester must prove control of
 		// the DID before anything is stored.
@@ -75,10 +85,13 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 		}
 	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
-		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID,
+		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID, Audit: e,
 	})
 	if err != nil {
 		return err
+	}
+	if e != nil {
+		s.logger.Info("admin write", "method", e.Action, "subject", e.Subject, "request_id", RequestID(r.Context()))
 	}
 	var doc *didDocument
 	if in.DID == "" {
@@ -164,6 +177,16 @@ func (s *Server) handleRevokeAppPassword(w http.ResponseWriter, r *http.Request)
 	return nil
 }
 
+// inviteSubject is the audit subject of invite codes made for accounts:
+// the account when there is one, else the codes as a whole (as
+// disableInviteCodes records them).
+func inviteSubject(forAccounts []string) string {
+	if len(forAccounts) == 1 {
+		return forAccounts[0]
+	}
+	return "invite_codes"
+}
+
 func (s *Server) handleCreateInviteCode(w http.ResponseWriter, r *http.Request) error {
 	if err := s.requireAdmin(r); err != nil {
 		return err
@@ -179,7 +202,12 @@ func (s *Server) handleCreateInviteCode(w http.ResponseWriter, r *http.Request) 
 	if in.ForAccount != "" {
 		for_ = []string{in.ForAccount}
 	}
-	codes, err := s.accounts.CreateInviteCodes(r.Context(), 1, in.UseCount, for_, account.InviteAdmin)
+	const method = "com.atproto.server.createInviteCode"
+	e := &audit.Entry{Actor: adminActor, Action: method, Subject: inviteSubject(for_)}
+	codes, err := s.accounts.CreateInviteCodes(r.Context(), 1, in.UseCount, for_, account.InviteAdmin, e)
+	if err == nil {
+		s.logger.Info("admin write", "method", method, "subject", e.Subject, "request_id", RequestID(r.Context()))
+	}
 	if err != nil {
 		return err
 	}
@@ -202,7 +230,12 @@ func (s *Server) handleCreateInviteCodes(w http.ResponseWriter, r *http.Request)
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	codes, err := s.accounts.CreateInviteCodes(r.Context(), in.CodeCount, in.UseCount, in.ForAccounts, account.InviteAdmin)
+	const method = "com.atproto.server.createInviteCodes"
+	e := &audit.Entry{Actor: adminActor, Action: method, Subject: inviteSubject(in.ForAccounts)}
+	codes, err := s.accounts.CreateInviteCodes(r.Context(), in.CodeCount, in.UseCount, in.ForAccounts, account.InviteAdmin, e)
+	if err == nil {
+		s.logger.Info("admin write", "method", method, "subject", e.Subject, "request_id", RequestID(r.Context()))
+	}
 	if err != nil {
 		return err
 	}

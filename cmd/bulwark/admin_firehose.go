@@ -268,6 +268,18 @@ type auditEntry struct {
 	Reason  string          `json:"reason,omitempty"`
 }
 
+// auditChange shows an entry's change as "before → after", or the state
+// after alone when there was nothing before.
+func auditChange(before, after json.RawMessage) string {
+	switch {
+	case len(before) > 0 && len(after) > 0:
+		return string(before) + " → " + string(after)
+	case len(before) > 0:
+		return string(before) + " → (none)"
+	}
+	return string(after)
+}
+
 func runAudit(ctx context.Context, a *adminRun, cmd *adminCommand, args []string) error {
 	fs := a.flags(cmd)
 	subject := fs.String("subject", "", "only entries about this subject (a DID, seq:N, ...)")
@@ -293,10 +305,7 @@ func runAudit(ctx context.Context, a *adminRun, cmd *adminCommand, args []string
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TIME\tACTION\tSUBJECT\tACTOR\tCHANGE\tREASON")
 		for _, e := range res.Entries {
-			change := ""
-			if len(e.After) > 0 {
-				change = string(e.After)
-			}
+			change := auditChange(e.Before, e.After)
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, e.Subject, e.Actor, change, e.Reason)
 		}
 		return tw.Flush()

@@ -83,7 +83,10 @@ func runAccountCreate(ctx context.Context, a *adminRun, cmd *adminCommand, args 
 		DID    string `json:"did"`
 		Handle string `json:"handle"`
 	}
-	if err := c.xrpc(ctx, http.MethodPost, "com.atproto.server.createAccount", nil, in, &res, false); err != nil {
+	// With the admin password at hand the creation is the administrator's,
+	// and the server audits it; without, it is an ordinary sign-up.
+	_, noPassword := a.adminPassword()
+	if err := c.xrpc(ctx, http.MethodPost, "com.atproto.server.createAccount", nil, in, &res, noPassword == nil); err != nil {
 		return err
 	}
 	out.DID, out.Handle = res.DID, res.Handle

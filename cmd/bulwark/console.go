@@ -49,7 +49,13 @@ func newConsole(cfg *config.Config, d consoleDeps, logger *slog.Logger) (http.Ha
 		Log: d.log, Sync: repo.SyncEvent, DB: d.pool, Accounts: d.accounts,
 		Watch: d.watchers.watch, Health: d.health, Samples: sampler, Budget: d.protect.budget,
 		LoginLimiter: d.protect.limits.Get(ratelimit.PolicyConsoleLogin),
+		Limiter:      d.protect.limits.Get(ratelimit.PolicyGlobal),
 		Logger:       logger,
+	}
+	for _, f := range cfg.SecretFiles() {
+		if f.Flag == "admin-password" {
+			ccfg.AdminPasswordFile = f.Path
+		}
 	}
 	private := cfg.AdminConsole == config.ConsolePrivate
 	if private {

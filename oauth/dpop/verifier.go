@@ -8,6 +8,8 @@ import (
 	"encoding/binary"
 	"sync"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/internal/keyring"
 )
 
 // Defaults for Config's zero values.
@@ -28,9 +30,10 @@ const (
 
 // Config configures a Verifier. The zero value works except for Secret.
 type Config struct {
-	// Secret keys the server nonces; nodes that share it accept each
-	// other's nonces. At least 32 bytes; empty means a random secret for
-	// this process only.
+	// Secret is the server secret the nonce key is derived from
+	// (keyring.OAuthDPoPNonce); nodes that share it accept each other's
+	// nonces. At least 32 bytes; empty means a random key for this
+	// process only.
 	Secret []byte
 	// NonceRotation is how often the nonce changes. Zero means
 	// DefaultNonceRotation; at most 2.5 minutes keeps a nonce's life within
@@ -72,9 +75,9 @@ func NewVerifier(cfg Config) *Verifier {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	key := cfg.Secret
-	if len(key) == 0 {
-		key = randomBytes(32)
+	key := randomBytes(32)
+	if len(cfg.Secret) > 0 {
+		key = keyring.MustNew(cfg.Secret).Key(keyring.OAuthDPoPNonce)
 	}
 	return &Verifier{
 		cfg: cfg,
