@@ -261,6 +261,9 @@ type method struct {
 	handler     handlerFunc
 	maxBody     int64
 	longRunning bool
+	// bodyRate, when set, replaces the server's rule for this method's
+	// body (a long-running procedure's).
+	bodyRate *bodyRate
 }
 
 // methodOption adjusts a method at registration.
@@ -280,6 +283,12 @@ func withMaxBody(n int64) methodOption {
 // before each chunk), so that a client that stops reading is still dropped.
 func longRunning() methodOption {
 	return func(m *method) { m.longRunning = true }
+}
+
+// withBodyRate holds a long-running procedure's body to rule instead of
+// the server's minimum rate.
+func withBodyRate(rule bodyRate) methodOption {
+	return func(m *method) { m.bodyRate = &rule }
 }
 
 // query registers an XRPC query (GET/HEAD). It panics on a duplicate or a
@@ -348,10 +357,21 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		if m.kind == kindProcedure {
 			// Its body is no longer under ReadTimeout: hold it to a rate.
-			r.Body = readCloser{newRateReader(w, r.Body, s.bodyRate), r.Body}
+			rule := s.bodyRate
+			if m.bodyRate != nil {
+				rule = *m.bodyRate
+			}
+			r.Body = readCloser{newRateReader(w, r.Body, rule), r.Body}
 		}
 	}
 	if err := m.handler(w, r); err != nil {
+		if m.longRunning && m.kind == kindProcedure {
+			// A refused body need not arrive: net/http would wait for up
+			// to 256 KiB more of it (no read deadline is left) before
+			// answering. Expiring the deadline answers now and closes
+			// the connection after the answer.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		}
 		s.writeError(w, r, err)
 	}
 }
