@@ -29,6 +29,9 @@ type CreateInput struct {
 	// requester controls it (a service-auth JWT the DID issued for
 	// com.atproto.server.createAccount). See createImported.
 	DID string
+	// ServiceAuth is that JWT, recorded as used in the account's
+	// transaction; required with DID.
+	ServiceAuth *ServiceAuthUse
 }
 
 func normalizeEmail(raw string) (string, error) {
