@@ -14,6 +14,7 @@ import (
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -213,6 +214,7 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrEmailMismatch, status: http.StatusBadRequest, name: "InvalidEmail"},
 	{sentinel: account.ErrNoEmail, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: email.ErrInvalidMessage, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: email.ErrRecipientLimited, status: http.StatusTooManyRequests, name: "RateLimitExceeded", build: recipientLimited},
 
 	// The repository engine.
 	{sentinel: repo.ErrLimitExceeded, status: http.StatusBadRequest, name: "InvalidRequest", build: limitExceeded},
@@ -273,6 +275,22 @@ func limitExceeded(err error) *XRPCError {
 		msg = le.Error()
 	}
 	return InvalidRequest("%s", msg)
+}
+
+// recipientLimited is a code request refused because its address had its
+// share of mail (ratelimit.PolicyMailRecipient), with the limit's
+// RateLimit-* headers and Retry-After.
+func recipientLimited(err error) *XRPCError {
+	var rl *email.RecipientLimitError
+	if !errors.As(err, &rl) {
+		return RateLimitExceeded(time.Minute, "too much mail to this address; retry later")
+	}
+	d := rl.Decision
+	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", "too much mail to this account's address (%s: %d per %s); retry in %s",
+		ratelimit.PolicyMailRecipient, d.Rule.Limit, d.Rule.Window, d.RetryAfter.Round(time.Second))
+	e.Header = ratelimit.Headers(d, time.Now())
+	e.Err = err
+	return e
 }
 
 // overloaded is the budget's refusal, with its Retry-After.

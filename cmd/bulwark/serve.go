@@ -173,7 +173,7 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if devPLC != nil {
 		plcHTTP = devPLC.Client()
 	}
-	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, protect.limits, logger, blobs)
 	if err != nil {
 		return nil, nil, err
 	}
