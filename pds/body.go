@@ -52,13 +52,25 @@ type rateReader struct {
 	rule  bodyRate
 	start time.Time
 	n     int64
+	// end is the error that ended the body (io.EOF when it all came).
+	end error
 }
+
+// ended reports whether the body was read to its end or failed: nothing
+// more of it is waiting on the connection to be read.
+func (b *rateReader) ended() bool { return b.end != nil }
 
 func newRateReader(w http.ResponseWriter, body io.Reader, rule bodyRate) *rateReader {
 	return &rateReader{r: body, rc: http.NewResponseController(w), rule: rule, start: time.Now()}
 }
 
 func (b *rateReader) Read(p []byte) (int, error) {
+	if b.end != nil {
+		// Past the end no deadline is set: net/http's read for the next
+		// request runs on the connection by then, and a deadline firing
+		// would cancel this request's context while it is still handled.
+		return b.r.Read(p)
+	}
 	now := time.Now()
 	due := b.start.Add(b.rule.grace + time.Duration(float64(b.n+1)/float64(b.rule.rate)*float64(time.Second)))
 	if idle := now.Add(b.rule.grace); idle.Before(due) {
@@ -71,6 +83,9 @@ func (b *rateReader) Read(p []byte) (int, error) {
 	_ = b.rc.SetReadDeadline(due)
 	n, err := b.r.Read(p)
 	b.n += int64(n)
+	if err != nil {
+		b.end = err
+	}
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		took := time.Since(b.start)
 		if b.rule.limit > 0 && took >= b.rule.limit {

@@ -259,3 +259,31 @@ func TestImportRepoRateLimit(t *testing.T) {
 	require.True(t, strings.Contains(msg, ratelimit.PolicyImportRepo), msg)
 	e.postCAR(t, carol.access, repotest.RepoCAR(t, carol.did, oldKey, importOldRev, importPosts(2))).ok(t)
 }
+
+// TestImportOutlastsBodyGrace: an import whose CAR arrives at once but
+// takes longer to store than the body's grace period succeeds: the body's
+// read deadline must not outlive the body (it would fire during the
+// import and cancel it).
+func TestImportOutlastsBodyGrace(t *testing.T) {
+	t.Parallel()
+	e := newAccountEnv(t, envOptions{
+		blobs:   true,
+		options: func(o *Options) { o.bodyRate = &bodyRate{grace: 100 * time.Millisecond, rate: 4 << 10} },
+	})
+	bob := e.createUser(t)
+	oldKey, err := atcrypto.GeneratePrivateKeyK256()
+	require.NoError(t, err)
+	car := repotest.RepoCAR(t, bob.did, oldKey, importOldRev, importPosts(20000))
+	start := time.Now()
+	e.postCAR(t, bob.access, car).ok(t)
+	t.Logf("imported %d bytes in %s", len(car), time.Since(start))
+	require.Equal(t, 100, e.postCount(t, bob.did), "a page of the 20000")
+
+	// Chunked (no Content-Length): the end of the body is a read of its
+	// own.
+	pr, pw := io.Pipe()
+	go func() { _, _ = pw.Write(car); pw.Close() }()
+	start = time.Now()
+	e.do(t, http.MethodPost, "com.atproto.repo.importRepo", bob.access, pr, nil, carHeader).ok(t)
+	t.Logf("imported %d bytes, chunked, in %s", len(car), time.Since(start))
+}

@@ -347,6 +347,7 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	var body *rateReader
 	if m.longRunning {
 		rc := http.NewResponseController(w)
 		if err := rc.SetWriteDeadline(time.Time{}); err != nil {
@@ -361,16 +362,17 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 			if m.bodyRate != nil {
 				rule = *m.bodyRate
 			}
-			r.Body = readCloser{newRateReader(w, r.Body, rule), r.Body}
+			body = newRateReader(w, r.Body, rule)
+			r.Body = readCloser{body, r.Body}
 		}
 	}
 	if err := m.handler(w, r); err != nil {
-		if m.longRunning && m.kind == kindProcedure {
-			// A refused body need not arrive: net/http would wait for up
-			// to 256 KiB more of it (no read deadline is left) before
-			// answering. Expiring the deadline answers now and closes
-			// the connection after the answer.
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		if body != nil && !body.ended() {
+			// A refused body need not arrive: net/http would read up to
+			// 256 KiB more of it before answering, waiting on a client
+			// that may send nothing (its read deadline is lifted). Closing
+			// the connection after the answer skips that.
+			w.Header().Set("Connection", "close")
 		}
 		s.writeError(w, r, err)
 	}
