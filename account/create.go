@@ -34,6 +34,9 @@ type CreateInput struct {
 	// transaction (an administrator's creation), its Subject and After
 	// filled in with the new account.
 	Audit *audit.Entry
+	// ServiceAuth is that JWT, recorded as used in the account's
+	// transaction; required with DID.
+	ServiceAuth *ServiceAuthUse
 }
 
 // auditCreation records in's audit entry, if any, for the new account did

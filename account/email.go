@@ -191,7 +191,10 @@ func (s *Service) replaceEmail(ctx context.Context, tx db.DBTX, did syntax.DID, 
 // account with address, in any status, is mailed a reset_password code.
 // No account with that address is not an error, so that the answer does
 // not tell who has an account here; a malformed address is
-// ErrInvalidEmail, which says nothing about accounts either.
+// ErrInvalidEmail, which says nothing about accounts either. For the same
+// reason a mail the address's limit refuses (email.ErrRecipientLimited)
+// is dropped with a log line, not an error. The other code requests pass
+// that refusal on to their signed-in caller.
 func (s *Service) RequestPasswordReset(ctx context.Context, address string) error {
 	address, err := normalizeEmail(address)
 	if err != nil {
@@ -205,8 +208,14 @@ func (s *Service) RequestPasswordReset(ctx context.Context, address string) erro
 		return err
 	}
 	err = s.RequestEmailCode(ctx, a.DID, email.PurposeResetPassword)
-	if errors.Is(err, ErrAccountNotFound) {
+	switch {
+	case errors.Is(err, ErrAccountNotFound):
 		return nil // deleted meanwhile
+	case errors.Is(err, email.ErrRecipientLimited):
+		// Dropped, not refused: a refusal would tell an anonymous caller
+		// that the address has an account here. No code was issued.
+		s.log.Info("password reset mail dropped: its address had as much mail as the limit allows", "did", a.DID, "error", err)
+		return nil
 	}
 	return err
 }

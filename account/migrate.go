@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -27,13 +28,19 @@ import (
 //go:embed migrate.sql
 var migrateSQL string
 
-var qInsertImportedAccount = db.MustParseQueries(migrateSQL).MustGet("InsertImportedAccount")
+var (
+	migrateQueries         = db.MustParseQueries(migrateSQL)
+	qInsertImportedAccount = migrateQueries.MustGet("InsertImportedAccount")
+	qLockMoveState         = migrateQueries.MustGet("LockMoveState")
+	qMarkMovedAway         = migrateQueries.MustGet("MarkMovedAway")
+)
 
 // Migration errors. The pds package maps each to an XRPC error.
 var (
 	// ErrAccountExists means the DID already has an account here that
-	// cannot be replaced (active, taken down, or deactivated while its DID
-	// document still names this server).
+	// cannot be replaced: any account not recorded as moved away (active,
+	// taken down, created here for a move still in progress), or one whose
+	// DID document names this server again.
 	ErrAccountExists = errors.New("account already exists")
 	// ErrIncompatibleDIDDoc means the DID document does not make this
 	// server the account's PDS: its endpoint, signing key or rotation keys
@@ -48,21 +55,27 @@ var (
 
 // createImported creates the account of a DID another server hosts
 // (CreateInput.DID): the caller has checked that the requester controls the
-// DID. The account starts deactivated, with a fresh signing key, an empty
-// repository and a session; nothing is sent to the PLC directory and no
-// event is emitted, since the DID document still names the old server until
-// the user submits the operation that moves it, and Activate announces the
-// account. Invite rules apply as for any account.
+// DID with the service-auth JWT in.ServiceAuth describes, which is recorded
+// as used in the account's transaction (ErrServiceAuthReplayed if it was
+// used before). The account starts deactivated, with a fresh signing key,
+// an empty repository and a session; nothing is sent to the PLC directory
+// and no event is emitted, since the DID document still names the old
+// server until the user submits the operation that moves it, and Activate
+// announces the account. Invite rules apply as for any account.
 //
-// A deactivated account of the same DID whose document no longer names
-// this server (it moved away and now comes back) is replaced in the same
-// transaction; any other account of the DID is ErrAccountExists.
+// An account of the same DID recorded as moved away (Deactivate) whose
+// document still names another server is replaced in the same
+// transaction; any other account of the DID is ErrAccountExists, notably
+// one created here for a move still in progress.
 func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account, *Session, error) {
 	did, err := syntax.ParseDID(strings.TrimSpace(in.DID))
 	if err != nil || did.Method() != "plc" {
 		return nil, nil, ruleErr(ErrUnsupportedDID, "only an existing did:plc can be brought here, not %.100q", in.DID)
 	}
 	in.DID = did.String()
+	if in.ServiceAuth == nil || in.ServiceAuth.Issuer != did {
+		return nil, nil, fmt.Errorf("account: creating %s needs the service-auth JWT it issued", did)
+	}
 	na, err := s.prepareNew(ctx, in)
 	if err != nil {
 		return nil, nil, err
@@ -73,6 +86,9 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 	log := s.log.With("did", did, "handle", na.handle)
 	var sess *Session
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := UseServiceAuth(ctx, tx, *in.ServiceAuth, s.cfg.Now()); err != nil {
+			return err
+		}
 		if err := s.replaceStale(ctx, tx, did, log); err != nil {
 			return err
 		}
@@ -106,18 +122,25 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 }
 
 // replaceStale deletes did's account here, inside tx, when it is one left
-// behind by an earlier move away: deactivated, and the DID document names
-// another server. No account is fine; any other is ErrAccountExists.
+// behind by an earlier move away: recorded as moved away (Deactivate), and
+// the DID document still names another server. No account is fine; any
+// other is ErrAccountExists.
 func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, log *slog.Logger) error {
-	_, status, err := lockAccount(ctx, tx, did)
-	if errors.Is(err, ErrAccountNotFound) {
+	var status string
+	var movedAway *time.Time
+	err := db.Translate(tx.QueryRow(ctx, qLockMoveState, did.String()).Scan(&status, &movedAway))
+	if errors.Is(err, db.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if status != StatusDeactivated {
+	if Status(status) != StatusDeactivated {
 		return ruleErr(ErrAccountExists, "%s already has an account here (%s)", did, status)
+	}
+	if movedAway == nil {
+		return ruleErr(ErrAccountExists, "%s already has a deactivated account here that did not move away "+
+			"(a move here in progress, or deactivated by its owner): sign in with its password and go on with it", did)
 	}
 	op, _, err := s.plc.Last(ctx, did)
 	if err != nil {
@@ -129,8 +152,35 @@ func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, l
 	if err := s.deleteRows(ctx, tx, did); err != nil {
 		return err
 	}
-	log.Info("replacing the account left here by an earlier move away")
+	log.Info("replacing the account left here by an earlier move away", "moved_away_at", movedAway)
 	return nil
+}
+
+// Deactivate is com.atproto.server.deactivateAccount: did's account
+// becomes deactivated, with #account. When it was active and its DID
+// document names another server (the last step of a move away, after the
+// new server took the DID), it is recorded as moved away: a later
+// createAccount bringing the DID back here may then replace it. A
+// directory that cannot be read records nothing; the deactivation goes on.
+func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
+	elsewhere := false
+	op, _, err := s.plc.Last(ctx, did)
+	if err != nil {
+		s.log.Warn("deactivating without reading the DID document: not recorded as moved away", "did", did, "error", err)
+	} else {
+		elsewhere = op.Services[plc.ServiceID].Endpoint != s.cfg.PublicURL
+	}
+	deactivate := func(Status) Status { return StatusDeactivated }
+	return s.setStatus(ctx, did, deactivate, func(ctx context.Context, tx db.DBTX, from, to Status) error {
+		if from != StatusActive || to != StatusDeactivated || !elsewhere {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, qMarkMovedAway, did.String(), s.cfg.Now()); err != nil {
+			return db.Translate(err)
+		}
+		s.log.Info("account moved away", "did", did, "endpoint", op.Services[plc.ServiceID].Endpoint)
+		return nil
+	}, nil)
 }
 
 // Activate makes did's account active and announces it in one

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/stretchr/testify/require"
 )
 
@@ -40,10 +41,14 @@ func TestCreateImportedRefusals(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnsupportedDID)
 	in.DID = a.DID.String()
 	_, _, err = s.CreateAccount(ctx, in)
+	require.Error(t, err, "no service-auth token recorded")
+	require.NotErrorIs(t, err, ErrAccountExists)
+	in.ServiceAuth = testUse(a.DID)
+	_, _, err = s.CreateAccount(ctx, in)
 	require.ErrorIs(t, err, ErrAccountExists, "an active account")
 	require.NoError(t, s.SetStatus(ctx, a.DID, StatusDeactivated))
 	_, _, err = s.CreateAccount(ctx, in)
-	require.ErrorIs(t, err, ErrAccountExists, "deactivated, but its DID still names this server")
+	require.ErrorIs(t, err, ErrAccountExists, "deactivated, but not moved away")
 	got, err := s.Get(ctx, a.DID)
 	require.NoError(t, err)
 	require.Equal(t, "alice.test", got.Handle.String())
@@ -51,6 +56,7 @@ func TestCreateImportedRefusals(t *testing.T) {
 	// An unknown did:plc is created deactivated, without a PLC round trip;
 	// it cannot be activated while its DID document names no one here.
 	in.DID = "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"
+	in.ServiceAuth = testUse(syntax.DID(in.DID))
 	b, sess, err := s.CreateAccount(ctx, in)
 	require.NoError(t, err)
 	require.Equal(t, StatusDeactivated, b.Status)

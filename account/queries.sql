@@ -27,7 +27,11 @@ SELECT handle, status, password_hash FROM accounts WHERE did = $1 FOR UPDATE;
 SELECT signing_key FROM accounts WHERE did = $1;
 
 -- name: SetStatus
-UPDATE accounts SET status = $2, updated_at = now() WHERE did = $1;
+-- Activation clears the moved-away mark (migrate.sql, MarkMovedAway).
+UPDATE accounts
+SET status = $2, updated_at = now(),
+    moved_away_at = CASE WHEN $2::text = 'active' THEN NULL ELSE moved_away_at END
+WHERE did = $1;
 
 -- name: SetHandle
 UPDATE accounts SET handle = $2, updated_at = now() WHERE did = $1;

@@ -60,6 +60,21 @@ const (
 	// user build, and streamed to the database, not held in memory.
 	DefaultMaxImportSize = 1 << 30
 
+	// DefaultImportMinRate is the slowest average rate, in bytes a second,
+	// an importRepo body may arrive at (after the grace period every long
+	// body gets): 32 KiB/s, about 260 kbit/s, a quarter of a slow home
+	// uplink (1 Mbit/s), so a link that dips or is shared still passes,
+	// while a client that trickles is cut off four times sooner than
+	// under the rate of other long bodies.
+	DefaultImportMinRate = 32 << 10
+	// DefaultImportDeadline is the longest an importRepo body may take to
+	// arrive, however fast it starts: 4 hours. A 1 GiB CAR (the default
+	// --max-import-size) over a 1 Mbit/s uplink takes about 2.4 hours, so
+	// the largest import completes on a slow home link with room to
+	// spare, and a slot is never held longer than this plus the import's
+	// own work (a few minutes for 1 GiB).
+	DefaultImportDeadline = 4 * time.Hour
+
 	// MinJWTSecretLen is the shortest session-token key accepted: an HS256
 	// key should carry at least as many bytes as the hash output.
 	MinJWTSecretLen = 32
@@ -271,6 +286,17 @@ type Config struct {
 	// per-record limits (relays drop them) instead of refusing the
 	// repository. They never go out in a #commit.
 	ImportAllowOversize bool
+	// ImportSlots bounds the repository imports running at once on this
+	// process (each holds a database connection while its CAR streams
+	// in); an account runs one at a time whatever this says. 0 means a
+	// quarter of the database pool, at least 2.
+	ImportSlots int
+	// ImportMinRate is the slowest average rate, in bytes a second, an
+	// importRepo body may arrive at once its grace period is over.
+	ImportMinRate int64
+	// ImportDeadline is the longest an importRepo body may take to
+	// arrive in all.
+	ImportDeadline time.Duration
 	// OAuthAllowPrivateClients lets OAuth apps publish their client
 	// metadata at an IP address, a port or a local name (localhost,
 	// *.local, ...), fetched from loopback and private networks too. For
@@ -350,6 +376,8 @@ func DefaultConfig() *Config {
 		FirehoseOversizeSync:   true,
 		MaxJSONBody:            DefaultMaxJSONBody,
 		MaxImportSize:          DefaultMaxImportSize,
+		ImportMinRate:          DefaultImportMinRate,
+		ImportDeadline:         DefaultImportDeadline,
 		InflightQueue:          DefaultInflightQueue,
 		PasswordQueue:          DefaultPasswordQueue,
 		PasswordWait:           DefaultPasswordWait,

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -235,6 +236,15 @@ func (c *Config) validateRequests() error {
 	}
 	if c.MaxImportSize < 1024 {
 		return settingError("max-import-size", "must be at least 1KiB")
+	}
+	if c.ImportSlots < 0 {
+		return settingError("import-slots", "must not be negative")
+	}
+	if c.ImportMinRate < 1 {
+		return settingError("import-min-rate", "must be at least 1 byte a second")
+	}
+	if c.ImportDeadline < time.Second {
+		return settingError("import-deadline", "must be at least 1s")
 	}
 	return nil
 }

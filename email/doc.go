@@ -21,6 +21,12 @@
 // codes with PendingTokens; held mail is sent once a node with SMTP runs
 // the worker.
 //
+// Config.RecipientLimit limits the code mail sent to one address (keyed by
+// RecipientKey, so the spellings of one mailbox share it), whichever
+// account or flow asks: over it SendToken and Enqueue return a
+// *RecipientLimitError and issue or queue nothing. An administrator's
+// message is exempt.
+//
 // Each kind of mail has a subject, a plain-text and an HTML template
 // (text/template and html/template), embedded, each overridable by a file
 // of the same name in Config.TemplateDir.

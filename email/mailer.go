@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	gomail "github.com/wneessen/go-mail"
+
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Defaults of Config.
@@ -82,6 +84,11 @@ type Config struct {
 	// FailedRetention is how long failed mail is kept for inspection
 	// (default DefaultFailedRetention).
 	FailedRetention time.Duration
+	// RecipientLimit, when set, limits the mail sent to one address
+	// (keyed by RecipientKey), whichever account or flow asks: a code
+	// mail over it is refused with *RecipientLimitError. Admin messages
+	// are exempt. Nil = no limit.
+	RecipientLimit *ratelimit.Limiter
 	// Registerer receives the mailer's metrics; nil = not registered.
 	Registerer prometheus.Registerer
 	// Logger is the logger (default slog.Default()).

@@ -159,6 +159,9 @@ func (m *Mailer) Enqueue(ctx context.Context, q db.DBTX, msg Message) (int64, er
 	if err != nil {
 		return 0, err
 	}
+	if err := m.admit(msg.Kind, to); err != nil {
+		return 0, err
+	}
 	return m.insert(ctx, q, msg, to)
 }
 
@@ -199,15 +202,20 @@ type TokenData struct {
 
 // SendToken issues a new code for did and purpose (replacing any earlier
 // one) and queues the mail that carries it to the address to, all through
-// q, which should be the request's transaction.
+// q, which should be the request's transaction. An address over
+// Config.RecipientLimit is *RecipientLimitError, and nothing is issued.
 func (m *Mailer) SendToken(ctx context.Context, q db.DBTX, did syntax.DID, to string, purpose Purpose, data TokenData) error {
 	if !purpose.Valid() {
 		return fmt.Errorf("%w: %q", ErrInvalidPurpose, purpose)
 	}
 	msg := Message{Kind: Kind(purpose), To: to, DID: did, Handle: data.Handle}
-	// Checked before the code is issued: bad input changes nothing.
+	// Checked before the code is issued: bad input, or an address that
+	// had its share of mail, changes nothing.
 	addr, err := msg.checkEnvelope()
 	if err != nil {
+		return err
+	}
+	if err := m.admit(msg.Kind, addr); err != nil {
 		return err
 	}
 	msg.Code, msg.ExpiresAt, err = m.issue(ctx, q, did, purpose)

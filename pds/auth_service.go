@@ -40,9 +40,6 @@ import (
 // repository this server signs they are the same key, and reading the
 // document would make every forged token cost a PLC or did:web lookup.
 
-// serviceAuthLeeway is the clock skew allowed on exp and iat.
-const serviceAuthLeeway = 5 * time.Second
-
 // maxServiceJWT bounds the token decoded: a real one is about 400 bytes.
 const maxServiceJWT = 4096
 

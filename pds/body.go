@@ -29,13 +29,16 @@ const (
 )
 
 // errBodyTooSlow is what a body read fails with when the client fell
-// behind the rate.
+// behind the rate, or past the body's deadline.
 var errBodyTooSlow = errors.New("request body arrived too slowly")
 
 // bodyRate is the rule rateReader applies; tests shorten it.
 type bodyRate struct {
 	grace time.Duration
 	rate  int64 // bytes a second
+	// limit, when set, is the longest the whole body may take, however
+	// fast it starts (importRepo: a slot is held until the body is in).
+	limit time.Duration
 }
 
 var defaultBodyRate = bodyRate{grace: BodyGrace, rate: MinBodyRate}
@@ -49,24 +52,49 @@ type rateReader struct {
 	rule  bodyRate
 	start time.Time
 	n     int64
+	// end is the error that ended the body (io.EOF when it all came).
+	end error
 }
+
+// ended reports whether the body was read to its end or failed: nothing
+// more of it is waiting on the connection to be read.
+func (b *rateReader) ended() bool { return b.end != nil }
 
 func newRateReader(w http.ResponseWriter, body io.Reader, rule bodyRate) *rateReader {
 	return &rateReader{r: body, rc: http.NewResponseController(w), rule: rule, start: time.Now()}
 }
 
 func (b *rateReader) Read(p []byte) (int, error) {
+	if b.end != nil {
+		// Past the end no deadline is set: net/http's read for the next
+		// request runs on the connection by then, and a deadline firing
+		// would cancel this request's context while it is still handled.
+		return b.r.Read(p)
+	}
 	now := time.Now()
 	due := b.start.Add(b.rule.grace + time.Duration(float64(b.n+1)/float64(b.rule.rate)*float64(time.Second)))
 	if idle := now.Add(b.rule.grace); idle.Before(due) {
 		due = idle
 	}
+	end := b.start.Add(b.rule.limit)
+	if b.rule.limit > 0 && end.Before(due) {
+		due = end
+	}
 	_ = b.rc.SetReadDeadline(due)
 	n, err := b.r.Read(p)
 	b.n += int64(n)
+	if err != nil {
+		b.end = err
+	}
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		err = fmt.Errorf("%w: %d bytes in %s, below %d bytes a second: %w",
-			errBodyTooSlow, b.n, time.Since(b.start).Round(time.Millisecond), b.rule.rate, err)
+		took := time.Since(b.start)
+		if b.rule.limit > 0 && took >= b.rule.limit {
+			err = fmt.Errorf("%w: %d bytes in %s, and the whole body must arrive within %s: %w",
+				errBodyTooSlow, b.n, took.Round(time.Millisecond), b.rule.limit, err)
+		} else {
+			err = fmt.Errorf("%w: %d bytes in %s, below %d bytes a second: %w",
+				errBodyTooSlow, b.n, took.Round(time.Millisecond), b.rule.rate, err)
+		}
 	}
 	return n, err
 }

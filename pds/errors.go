@@ -14,6 +14,7 @@ import (
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -197,6 +198,11 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrAccountNotFound, status: http.StatusBadRequest, name: "AccountNotFound"},
 	{sentinel: account.ErrAccountExists, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrIncompatibleDIDDoc, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrServiceAuthReplayed, status: http.StatusUnauthorized, name: "JwtReplayed", build: func(err error) *XRPCError {
+		e := newError(http.StatusUnauthorized, "JwtReplayed", "this service-auth JWT was used already: each works once; get a new one (com.atproto.server.getServiceAuth on the account's current server)")
+		e.Err = err
+		return e
+	}},
 	{sentinel: account.ErrInvalidPLCOperation, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrInvalidPreferences, status: http.StatusBadRequest, name: "InvalidRequest"},
 
@@ -208,6 +214,7 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrEmailMismatch, status: http.StatusBadRequest, name: "InvalidEmail"},
 	{sentinel: account.ErrNoEmail, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: email.ErrInvalidMessage, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: email.ErrRecipientLimited, status: http.StatusTooManyRequests, name: "RateLimitExceeded", build: recipientLimited},
 
 	// The repository engine.
 	{sentinel: repo.ErrLimitExceeded, status: http.StatusBadRequest, name: "InvalidRequest", build: limitExceeded},
@@ -274,6 +281,22 @@ func limitExceeded(err error) *XRPCError {
 		msg = le.Error()
 	}
 	return InvalidRequest("%s", msg)
+}
+
+// recipientLimited is a code request refused because its address had its
+// share of mail (ratelimit.PolicyMailRecipient), with the limit's
+// RateLimit-* headers and Retry-After.
+func recipientLimited(err error) *XRPCError {
+	var rl *email.RecipientLimitError
+	if !errors.As(err, &rl) {
+		return RateLimitExceeded(time.Minute, "too much mail to this address; retry later")
+	}
+	d := rl.Decision
+	e := newError(http.StatusTooManyRequests, "RateLimitExceeded", "too much mail to this account's address (%s: %d per %s); retry in %s",
+		ratelimit.PolicyMailRecipient, d.Rule.Limit, d.Rule.Window, d.RetryAfter.Round(time.Second))
+	e.Header = ratelimit.Headers(d, time.Now())
+	e.Err = err
+	return e
 }
 
 // overloaded is the budget's refusal, with its Retry-After.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/auth"
 	"github.com/bluesky-social/indigo/atproto/identity"
@@ -11,6 +12,7 @@ import (
 	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/plc"
@@ -41,30 +43,57 @@ func (s *Server) registerPLCRoutes() {
 // again when a signature does not verify, so a key that just changed is
 // picked up.
 func newServiceAuthValidator(cfg *config.Config, dir identity.Directory) *auth.ServiceAuthValidator {
-	return &auth.ServiceAuthValidator{Audience: cfg.ServiceDID(), Dir: dir}
+	return &auth.ServiceAuthValidator{Audience: cfg.ServiceDID(), Dir: dir, TimestampLeeway: serviceAuthLeeway}
 }
+
+// serviceAuthLeeway is the clock skew allowed on a service-auth JWT's
+// timestamps (indigo's default). A used token is remembered until its exp
+// plus this, when the validator stops accepting it.
+const serviceAuthLeeway = 5 * time.Second
 
 // verifyMigrationAuth checks createAccount's bearer token when the request
 // brings an existing DID: a service-auth JWT issued by that DID, for this
 // server, for com.atproto.server.createAccount, unexpired, signed with the
-// DID's current key. The errors are 401s with the reference PDS's names.
-func (s *Server) verifyMigrationAuth(r *http.Request, did string) error {
+// DID's current key, with a jti, living at most account.ServiceAuthMaxTTL.
+// The errors are 401s with the reference PDS's names. It returns the use
+// the account's transaction records, so that the token works once.
+func (s *Server) verifyMigrationAuth(r *http.Request, did string) (*account.ServiceAuthUse, error) {
 	token, err := bearerToken(r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if token == "" {
-		return AuthRequired("creating an account for an existing DID needs a service-auth JWT of %.100s (com.atproto.server.getServiceAuth on its current server) as the Bearer token", did)
+		return nil, AuthRequired("creating an account for an existing DID needs a service-auth JWT of %.100s (com.atproto.server.getServiceAuth on its current server) as the Bearer token", did)
 	}
 	lxm := syntax.NSID(createAccountNSID)
 	iss, err := s.serviceAuth.Validate(r.Context(), token, &lxm)
 	if err != nil {
-		return serviceAuthError(err)
+		return nil, serviceAuthError(err)
 	}
 	if iss.String() != did {
-		return AuthRequired("the service-auth JWT was issued by %s, not %.100s: missing auth to create an account with that DID", iss, did)
+		return nil, AuthRequired("the service-auth JWT was issued by %s, not %.100s: missing auth to create an account with that DID", iss, did)
 	}
-	return nil
+	return s.serviceAuthUse(token, iss, createAccountNSID)
+}
+
+// serviceAuthUse reads the jti and exp of token, a service-auth JWT
+// Validate accepted, as the use to record for purpose. A token without a
+// jti, or living longer than account.ServiceAuthMaxTTL (plus the
+// validator's leeway), is refused: it could not be remembered for as long
+// as it works.
+func (s *Server) serviceAuthUse(token string, iss syntax.DID, purpose string) (*account.ServiceAuthUse, error) {
+	var claims jwt.RegisteredClaims
+	if _, _, err := jwt.NewParser().ParseUnverified(token, &claims); err != nil || claims.ExpiresAt == nil {
+		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT is malformed or incomplete")
+	}
+	if !account.ValidJTI(claims.ID) {
+		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT has no usable jti (1 to %d printable characters): this server accepts each token once", account.MaxJTILen)
+	}
+	exp := claims.ExpiresAt.Time
+	if exp.After(time.Now().Add(account.ServiceAuthMaxTTL + serviceAuthLeeway)) {
+		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT expires more than %s from now", account.ServiceAuthMaxTTL)
+	}
+	return &account.ServiceAuthUse{Purpose: purpose, Issuer: iss, JTI: claims.ID, Expires: exp.Add(serviceAuthLeeway)}, nil
 }
 
 // serviceAuthError names why a service-auth JWT was refused, as the

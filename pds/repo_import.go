@@ -5,53 +5,99 @@ import (
 	"errors"
 	"mime"
 	"net/http"
+	"sync"
 	"time"
+
+	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/audit"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/oauth"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
-
-// maxConcurrentImports bounds the repository imports running at once on
-// this process: each holds a Postgres connection for as long as its CAR
-// takes to arrive and be written.
-const maxConcurrentImports = 2
 
 // importBusyRetry is the Retry-After of an import refused because others
 // are running.
 const importBusyRetry = 30 * time.Second
 
+// minImportSlots is the fewest imports a process runs at once when
+// Config.ImportSlots leaves it to the pool's size.
+const minImportSlots = 2
+
 // registerImportRoutes registers com.atproto.repo.importRepo and its admin
 // variant. Both stream the CAR (up to Config.MaxImportSize) into the
-// repository engine, which stages it in the database rather than memory.
+// repository engine, which stages it in the database rather than memory,
+// and share the import slots. The body is held to Config.ImportMinRate
+// and must be in within Config.ImportDeadline: a slot is held (with a
+// database connection) until it is.
 func (s *Server) registerImportRoutes() {
 	if s.repo == nil || s.accounts == nil {
 		return
 	}
-	gate := make(importGate, maxConcurrentImports)
+	gate := newImportGate(s.importSlots())
+	rule := bodyRate{grace: s.bodyRate.grace, rate: s.cfg.ImportMinRate, limit: s.cfg.ImportDeadline}
+	opts := []methodOption{withMaxBody(s.cfg.MaxImportSize), longRunning(), withBodyRate(rule)}
 	s.procedure("com.atproto.repo.importRepo", func(w http.ResponseWriter, r *http.Request) error {
 		return s.handleImportRepo(w, r, gate)
-	}, withMaxBody(s.cfg.MaxImportSize), longRunning())
+	}, opts...)
 	s.procedure(AdminNSIDPrefix+"importRepo", s.admin(func(w http.ResponseWriter, r *http.Request) error {
 		return s.handleAdminImportRepo(w, r, gate)
-	}), withMaxBody(s.cfg.MaxImportSize), longRunning())
+	}), opts...)
 }
 
-// importGate holds a slot per import running.
-type importGate chan struct{}
-
-// enter takes a slot, or refuses at once (503) when all are taken: a
-// client waiting would hold its connection and body for nothing. The
-// caller has authenticated the request, so that callers without the
-// right to import cannot fill the slots.
-func (g importGate) enter() (func(), error) {
-	select {
-	case g <- struct{}{}:
-		return func() { <-g }, nil
-	default:
-		return nil, ServiceOverloaded(importBusyRetry, "%d repository imports are running; retry later", cap(g))
+// importSlots is Config.ImportSlots, or a quarter of the database pool
+// (at least minImportSlots) when that is 0.
+func (s *Server) importSlots() int {
+	if s.cfg.ImportSlots > 0 {
+		return s.cfg.ImportSlots
 	}
+	return max(minImportSlots, int(s.db.Config().MaxConns)/4)
+}
+
+// importGate holds a slot per import running, and at most one per
+// account: an account's second import would only replace its first, and
+// must not take a slot another account's migration needs.
+type importGate struct {
+	slots   chan struct{}
+	mu      sync.Mutex
+	running map[syntax.DID]bool // at most cap(slots) entries
+}
+
+func newImportGate(slots int) *importGate {
+	return &importGate{slots: make(chan struct{}, slots), running: map[syntax.DID]bool{}}
+}
+
+// enter takes a slot for did, or refuses at once: 429 when did already
+// imports, 503 when all slots are taken. A client waiting would hold its
+// connection and body for nothing. The caller has authenticated the
+// request, so that callers without the right to import cannot fill the
+// slots.
+func (g *importGate) enter(did syntax.DID) (func(), error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running[did] {
+		return nil, RateLimitExceeded(importBusyRetry, "a repository import into %s is already running; an account imports one at a time", did)
+	}
+	select {
+	case g.slots <- struct{}{}:
+	default:
+		return nil, ServiceOverloaded(importBusyRetry, "%d repository imports are running; retry later", cap(g.slots))
+	}
+	g.running[did] = true
+	return func() {
+		g.mu.Lock()
+		delete(g.running, did)
+		g.mu.Unlock()
+		<-g.slots
+	}, nil
+}
+
+// busy reports whether did has an import running.
+func (g *importGate) busy(did syntax.DID) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running[did]
 }
 
 // checkCARBody refuses a body declared as something other than a CAR. A
@@ -80,7 +126,7 @@ func (s *Server) importOptions() repo.ImportOptions {
 // app password. Whatever the repository held before is replaced whole;
 // the import is announced as #sync. The answer has no body, as the
 // lexicon says.
-func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
+func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate *importGate) error {
 	a, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly(), oauthAccount("repo", oauth.ActionManage))
 	if err != nil {
 		return err
@@ -88,11 +134,16 @@ func (s *Server) handleImportRepo(w http.ResponseWriter, r *http.Request, gate i
 	if err := checkCARBody(r); err != nil {
 		return err
 	}
-	leave, err := gate.enter()
+	leave, err := gate.enter(a.DID)
 	if err != nil {
 		return err
 	}
 	defer leave()
+	// Counted once a slot is taken: a refusal for a busy server costs the
+	// client nothing, a started import does.
+	if err := s.limitDID(w, ratelimit.PolicyImportRepo, a.DID); err != nil {
+		return err
+	}
 	res, err := s.repo.Import(r.Context(), a.DID, r.Body, s.importOptions())
 	if err != nil {
 		return err
@@ -121,7 +172,7 @@ type adminImportOutput struct {
 // importRepo into the account ?did=, whatever its status (an operator
 // restoring a backup), with an audit entry written in the import's
 // transaction. It answers what was imported.
-func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, gate importGate) error {
+func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, gate *importGate) error {
 	p := queryParams(r)
 	did := p.did("did")
 	reason := p.optional("reason")
@@ -141,7 +192,7 @@ func (s *Server) handleAdminImportRepo(w http.ResponseWriter, r *http.Request, g
 	if err != nil {
 		return err
 	}
-	leave, err := gate.enter()
+	leave, err := gate.enter(did)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/atdata"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/ipfs/go-cid"
 	carutil "github.com/ipld/go-car/util"
 	"github.com/stretchr/testify/require"
@@ -169,26 +170,35 @@ func TestImportRepoSizeLimit(t *testing.T) {
 }
 
 // TestImportGate: imports beyond the concurrent bound are refused at once
-// with 503, not queued, and a finished import frees its slot.
+// with 503, not queued; an account's second import is refused with 429
+// and takes no slot; a finished import frees its slot.
 func TestImportGate(t *testing.T) {
 	t.Parallel()
-	gate := make(importGate, 2)
-	var leaves []func()
-	for range 2 {
-		leave, err := gate.enter()
-		require.NoError(t, err)
-		leaves = append(leaves, leave)
-	}
-	_, err := gate.enter()
+	gate := newImportGate(2)
+	alice, bob, carol := syntax.DID("did:plc:alice"), syntax.DID("did:plc:bob"), syntax.DID("did:plc:carol")
+	leaveAlice, err := gate.enter(alice)
+	require.NoError(t, err)
+	_, err = gate.enter(alice)
 	xe := xrpcErrorFor(err)
+	require.Equal(t, http.StatusTooManyRequests, xe.Status)
+	require.Equal(t, "RateLimitExceeded", xe.Name)
+	require.NotEmpty(t, xe.Header.Get("Retry-After"))
+	leaveBob, err := gate.enter(bob)
+	require.NoError(t, err, "alice's refused second import took no slot")
+	_, err = gate.enter(carol)
+	xe = xrpcErrorFor(err)
 	require.Equal(t, http.StatusServiceUnavailable, xe.Status)
 	require.Equal(t, "ServiceOverloaded", xe.Name)
 	require.NotEmpty(t, xe.Header.Get("Retry-After"))
-	leaves[0]()
-	leave, err := gate.enter()
+	leaveAlice()
+	require.False(t, gate.busy(alice))
+	leave, err := gate.enter(carol)
 	require.NoError(t, err, "a slot is free again")
 	leave()
-	leaves[1]()
+	leave, err = gate.enter(alice)
+	require.NoError(t, err, "alice may import again")
+	leave()
+	leaveBob()
 }
 
 // TestAdminImportRepo: the admin variant needs admin credentials and an

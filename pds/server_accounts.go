@@ -77,15 +77,17 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 		}
 		e = &audit.Entry{Actor: adminActor, Action: "com.atproto.server.createAccount"}
 	}
+	var use *account.ServiceAuthUse
 	if in.DID != "" {
 		// An account moving here: the requester must prove control of
 		// the DID before anything is stored.
-		if err := s.verifyMigrationAuth(r, in.DID); err != nil {
+		var err error
+		if use, err = s.verifyMigrationAuth(r, in.DID); err != nil {
 			return err
 		}
 	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
-		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID, Audit: e,
+		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID, Audit: e, ServiceAuth: use,
 	})
 	if err != nil {
 		return err
@@ -333,7 +335,7 @@ func (s *Server) handleDeactivateAccount(w http.ResponseWriter, r *http.Request)
 			return InvalidRequest("deleteAfter %q is not a datetime", in.DeleteAfter)
 		}
 	}
-	if err := s.accounts.SetStatus(r.Context(), auth.DID, account.StatusDeactivated); err != nil {
+	if err := s.accounts.Deactivate(r.Context(), auth.DID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)

@@ -266,6 +266,9 @@ type method struct {
 	// hashesPassword: the method hashes a password, for which its client
 	// waits in the hash queue (account.WithClient).
 	hashesPassword bool
+	// bodyRate, when set, replaces the server's rule for this method's
+	// body (a long-running procedure's).
+	bodyRate *bodyRate
 }
 
 // methodOption adjusts a method at registration.
@@ -285,6 +288,12 @@ func withMaxBody(n int64) methodOption {
 // before each chunk), so that a client that stops reading is still dropped.
 func longRunning() methodOption {
 	return func(m *method) { m.longRunning = true }
+}
+
+// withBodyRate holds a long-running procedure's body to rule instead of
+// the server's minimum rate.
+func withBodyRate(rule bodyRate) methodOption {
+	return func(m *method) { m.bodyRate = &rule }
 }
 
 // query registers an XRPC query (GET/HEAD). It panics on a duplicate or a
@@ -353,6 +362,7 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 	if m.hashesPassword {
 		r = r.WithContext(account.WithClient(r.Context(), s.ipKey(r)))
 	}
+	var body *rateReader
 	if m.longRunning {
 		rc := http.NewResponseController(w)
 		if err := rc.SetWriteDeadline(time.Time{}); err != nil {
@@ -363,10 +373,22 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		if m.kind == kindProcedure {
 			// Its body is no longer under ReadTimeout: hold it to a rate.
-			r.Body = readCloser{newRateReader(w, r.Body, s.bodyRate), r.Body}
+			rule := s.bodyRate
+			if m.bodyRate != nil {
+				rule = *m.bodyRate
+			}
+			body = newRateReader(w, r.Body, rule)
+			r.Body = readCloser{body, r.Body}
 		}
 	}
 	if err := m.handler(w, r); err != nil {
+		if body != nil && !body.ended() {
+			// A refused body need not arrive: net/http would read up to
+			// 256 KiB more of it before answering, waiting on a client
+			// that may send nothing (its read deadline is lifted). Closing
+			// the connection after the answer skips that.
+			w.Header().Set("Connection", "close")
+		}
 		s.writeError(w, r, err)
 	}
 }

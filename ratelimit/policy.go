@@ -98,12 +98,20 @@ const (
 	// PolicyOAuthClientToken is Bulwark's own: token and revocation
 	// requests per OAuth client (client_id), from all addresses together.
 	PolicyOAuthClientToken = "oauthClientToken"
+	// PolicyImportRepo is Bulwark's own: repository imports started,
+	// keyed by DID. A migration imports once; a few retries fit.
+	PolicyImportRepo = "importRepo"
+	// PolicyMailRecipient is Bulwark's own: mail sent to one address,
+	// keyed by the normalised address (email.RecipientKey), whichever
+	// account or flow asks for it, so that sign-ups and code requests
+	// cannot flood a third party's mailbox.
+	PolicyMailRecipient = "mailRecipient"
 )
 
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
 // (bluesky-social/atproto) applies when its rate limiting is on, and
 // Bulwark's own: loginAddress, adminAuth, resolveHandle, subscribeRefused,
-// consoleLogin and the OAuth endpoints' (oauth*).
+// consoleLogin, importRepo, mailRecipient and the OAuth endpoints' (oauth*).
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -127,6 +135,10 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyResetPassword:    {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyRepoWrite:        {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
 		PolicyConsoleLogin:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+		PolicyImportRepo:       {{Name: "hour", Limit: 10, Window: time.Hour}, {Name: "day", Limit: 20, Window: Day}},
+		// Three mails at once (a code, a resend, a reset), then one every
+		// 100 s; ten an hour and twenty-five a day in all.
+		PolicyMailRecipient: {{Name: "5m", Limit: 3, Window: fiveMin}, {Name: "hour", Limit: 10, Window: time.Hour}, {Name: "day", Limit: 25, Window: Day}},
 
 		PolicyOAuthPage:        {{Name: "5m", Limit: 200, Window: fiveMin}},
 		PolicyOAuthMetadata:    {{Name: "5m", Limit: 1000, Window: fiveMin}},

@@ -12,6 +12,7 @@ import (
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/oauth"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/repo"
 )
 
@@ -21,9 +22,10 @@ import (
 // account.KeyStore for why that secret). cleaners run inside every account
 // deletion (the blob service's references, ...). plcHTTP carries the PLC
 // client's requests; nil means an ordinary client (the development PLC
-// passes its in-process one). The account service's Mailer (newMailer) is
-// built here too; the caller runs its worker.
-func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, *account.KeyStore, error) {
+// passes its in-process one). The account service's Mailer (newMailer,
+// its mail per address under limits' mailRecipient policy; nil limits:
+// none) is built here too; the caller runs its worker.
+func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, repoCfg repo.Config, plcHTTP *http.Client, limits *ratelimit.Set, logger *slog.Logger, cleaners ...account.Cleaner) (*account.Service, *repo.Engine, *account.KeyStore, error) {
 	rotation, err := cfg.PLCRotationPrivateKey()
 	if err != nil {
 		return nil, nil, nil, err
@@ -40,7 +42,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	mailer, err := newMailer(cfg, pool, logger)
+	mailer, err := newMailer(cfg, pool, limits, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -25,7 +25,7 @@ func TestAdminAccountTokens(t *testing.T) {
 	require.NoError(t, cfg.Finalize())
 	pool := dbtest.New(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	accounts, engine, _, err := newAccountStack(cfg, pool, nil, repo.Config{}, nil, logger)
+	accounts, engine, _, err := newAccountStack(cfg, pool, nil, repo.Config{}, nil, nil, logger)
 	require.NoError(t, err)
 	s, err := pds.New(pds.Options{Config: cfg, DB: pool, Logger: logger, Accounts: accounts, Repo: engine})
 	require.NoError(t, err)

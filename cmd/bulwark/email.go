@@ -11,13 +11,15 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/metrics"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // newMailer builds the Mailer of cfg over pool's outbox, its metrics in
-// the metrics registry. Without --smtp-url every mail is held and the
-// codes are read with `bulwark admin account tokens`. The caller runs its
-// worker (Mailer.Run) beside the server.
-func newMailer(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*email.Mailer, error) {
+// the metrics registry, the mail to one address limited by limits'
+// mailRecipient policy (nil: no limit). Without --smtp-url every mail is
+// held and the codes are read with `bulwark admin account tokens`. The
+// caller runs its worker (Mailer.Run) beside the server.
+func newMailer(cfg *config.Config, pool *pgxpool.Pool, limits *ratelimit.Set, logger *slog.Logger) (*email.Mailer, error) {
 	smtp, err := cfg.SMTP()
 	if err != nil {
 		return nil, err
@@ -27,8 +29,10 @@ func newMailer(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*em
 		From:        cfg.EmailFrom,
 		Hostname:    cfg.Hostname,
 		TemplateDir: cfg.EmailTemplates,
-		Registerer:  replacingRegisterer{metrics.Registry},
-		Logger:      logger,
+		// The server's limiter: its metrics and pruning come with the set.
+		RecipientLimit: limits.Get(ratelimit.PolicyMailRecipient),
+		Registerer:     replacingRegisterer{metrics.Registry},
+		Logger:         logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("email: %w", err)

@@ -208,7 +208,7 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	if devPLC != nil {
 		plcHTTP = devPLC.Client()
 	}
-	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, protect.limits, logger, blobs)
 	if err != nil {
 		return nil, nil, nil, err
 	}
