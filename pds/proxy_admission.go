@@ -30,17 +30,20 @@ import (
 //     go to, getRepo exports, blob downloads and the other reads of the
 //     budget keep at least three eighths of it. The operator's services
 //     (the app view, the moderation and report services) share half of
-//     the budget; services a header names share an eighth, of which
-//     anonymous callers' requests may hold only a quarter, so that many
-//     addresses together starve neither the server's own reads nor signed-in
-//     callers' chat. A pool that is full queues its requests first come,
-//     first served (--inflight-queue), as the budget does.
+//     the budget, services a header names an eighth; of each, anonymous
+//     callers' requests may hold only a quarter, so that many addresses
+//     together starve neither the server's own reads nor signed-in
+//     callers' timelines and chat, whatever they ask that is slow to
+//     answer. A pool that is full queues its requests first come, first
+//     served (--inflight-queue), as the budget does.
 const (
-	// configuredPoolShare, headerPoolShare and anonymousPoolShare are the
-	// pools' sizes as fractions (1/n) of the in-flight budget.
-	configuredPoolShare = 2
-	headerPoolShare     = 8
-	anonymousPoolShare  = 32
+	// configuredPoolShare, headerPoolShare, anonymousConfiguredShare and
+	// anonymousHeaderShare are the pools' sizes as fractions (1/n) of the
+	// in-flight budget.
+	configuredPoolShare      = 2
+	headerPoolShare          = 8
+	anonymousConfiguredShare = 8
+	anonymousHeaderShare     = 32
 	// perClientRetryAfter is the Retry-After of a per-client refusal: a
 	// client's proxied requests end within seconds.
 	perClientRetryAfter = time.Second
@@ -53,11 +56,12 @@ type proxyAdmission struct {
 	mu     sync.Mutex
 	active map[string]int // client key → requests in flight; no zero entries
 
-	// configured, header and anonymous are the pools (nil without a
-	// budget: everything is admitted). Each request reserves from its
-	// pools in this order, then from the budget itself.
-	configured, header, anonymous *budget.Budget
-	main                          *budget.Budget
+	// configured and header are the pools, anonConfigured and
+	// anonHeader anonymous callers' shares of them (nil without a budget:
+	// everything is admitted). Each request reserves from its pools,
+	// smallest first, then from the budget itself.
+	configured, header, anonConfigured, anonHeader *budget.Budget
+	main                                           *budget.Budget
 }
 
 func newProxyAdmission(maxPerClient, queue int, main *budget.Budget) *proxyAdmission {
@@ -75,7 +79,8 @@ func newProxyAdmission(maxPerClient, queue int, main *budget.Budget) *proxyAdmis
 	pool := func(share int64) *budget.Budget {
 		return budget.New(budget.Config{Capacity: max(capacity/share, proxyReserve), MaxQueue: queue})
 	}
-	a.configured, a.header, a.anonymous = pool(configuredPoolShare), pool(headerPoolShare), pool(anonymousPoolShare)
+	a.configured, a.header = pool(configuredPoolShare), pool(headerPoolShare)
+	a.anonConfigured, a.anonHeader = pool(anonymousConfiguredShare), pool(anonymousHeaderShare)
 	return a
 }
 
@@ -109,12 +114,14 @@ func (a *proxyAdmission) budgets(t proxy.Target, c proxy.Caller) []*budget.Budge
 	switch {
 	case a.main == nil:
 		return nil
-	case t.Configured:
+	case t.Configured && c.Authenticated:
 		return []*budget.Budget{a.configured, a.main}
-	case !c.Authenticated:
-		return []*budget.Budget{a.anonymous, a.header, a.main}
-	default:
+	case t.Configured:
+		return []*budget.Budget{a.anonConfigured, a.configured, a.main}
+	case c.Authenticated:
 		return []*budget.Budget{a.header, a.main}
+	default:
+		return []*budget.Budget{a.anonHeader, a.header, a.main}
 	}
 }
 

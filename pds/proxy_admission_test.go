@@ -24,11 +24,11 @@ const admissionWait = time.Minute
 
 // tricklingService is a service that answers 200 at once and then sends a byte
 // every 100 ms for as long as the request lasts; each request it gets is
-// reported on started.
-func tricklingService(t *testing.T) (*upstream, <-chan struct{}) {
-	started := make(chan struct{}, 1024)
+// reported on started, true when it carries a service token.
+func tricklingService(t *testing.T) (*upstream, <-chan bool) {
+	started := make(chan bool, 1024)
 	up := newUpstream(t, false, func(w http.ResponseWriter, r *http.Request) {
-		started <- struct{}{}
+		started <- r.Header.Get("Authorization") != ""
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -53,19 +53,28 @@ func tricklingService(t *testing.T) (*upstream, <-chan struct{}) {
 type trickleEnv struct {
 	*proxyEnv
 	header  string
-	started <-chan struct{}
+	started <-chan bool
 	ctx     context.Context
 	wg      sync.WaitGroup
 	status  chan int
 }
 
-func newTrickleEnv(t *testing.T) *trickleEnv {
+// With appView, the trickling service is the configured app view too.
+func newTrickleEnv(t *testing.T, appView bool) *trickleEnv {
 	b := budget.New(budget.Config{Capacity: 16 << 20})
-	e := newProxyEnv(t, proxyEnvOptions{
-		configure: func(c *config.Config) { c.TrustedProxies = loopback },
-		options:   func(o *Options) { o.Budget = b },
-	})
 	up, started := tricklingService(t)
+	e := newProxyEnv(t, proxyEnvOptions{
+		configure: func(c *config.Config) {
+			// The trickle (10 bytes a second) within the time bounds:
+			// only admission holds it back here.
+			c.ProxyMinRate, c.ProxyTotalTimeout = 1, time.Hour
+			c.TrustedProxies = loopback
+			if appView {
+				c.AppViewURL = up.URL
+			}
+		},
+		options: func(o *Options) { o.Budget = b },
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	te := &trickleEnv{proxyEnv: e, started: started, ctx: ctx, status: make(chan int, 1024)}
 	te.header = e.registerService(t, "bsky_appview", up.URL).String() + "#bsky_appview"
@@ -78,9 +87,20 @@ func newTrickleEnv(t *testing.T) *trickleEnv {
 // trickle starts an anonymous proxied request to the trickler as coming
 // from addr; its status goes to te.status once its headers are in.
 func (te *trickleEnv) trickle(t *testing.T, addr string) {
+	te.trickleAs(t, addr, "", te.header)
+}
+
+// trickleAs is trickle with a session token and an atproto-proxy header
+// (or none: to the app view).
+func (te *trickleEnv) trickleAs(t *testing.T, addr, token, header string) {
 	req, err := http.NewRequestWithContext(te.ctx, http.MethodGet, te.url+"/xrpc/app.bsky.feed.getTimeline", nil)
 	require.NoError(t, err)
-	req.Header.Set("Atproto-Proxy", te.header)
+	if header != "" {
+		req.Header.Set("Atproto-Proxy", header)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	req.Header.Set("X-Forwarded-For", addr)
 	te.wg.Add(1)
 	go func() {
@@ -96,12 +116,14 @@ func (te *trickleEnv) trickle(t *testing.T, addr string) {
 }
 
 // await waits for n answers with status, or n requests reaching the
-// trickler when status is 0.
-func (te *trickleEnv) await(t *testing.T, status, n int) {
+// trickler when status is 0 (signed-in ones only when signed).
+func (te *trickleEnv) await(t *testing.T, status, n int) { te.awaitSigned(t, status, n, false) }
+
+func (te *trickleEnv) awaitSigned(t *testing.T, status, n int, signed bool) {
 	t.Helper()
 	limit := time.After(admissionWait)
 	for got := 0; got < n; {
-		var c <-chan struct{}
+		var c <-chan bool
 		if status == 0 {
 			c = te.started
 		}
@@ -112,8 +134,10 @@ func (te *trickleEnv) await(t *testing.T, status, n int) {
 			} else if s != http.StatusOK {
 				t.Fatalf("a trickling request was answered %d", s)
 			}
-		case <-c:
-			got++
+		case withToken := <-c:
+			if withToken || !signed {
+				got++
+			}
 		case <-limit:
 			t.Fatalf("%d of %d awaited (status %d)", got, n, status)
 		}
@@ -149,14 +173,14 @@ func (te *trickleEnv) stillServes(t *testing.T, u *user) {
 // budget and getRepo waited behind them for as long as they trickled.
 func TestProxyTrickleFromOneAddress(t *testing.T) {
 	t.Parallel()
-	te := newTrickleEnv(t)
+	te := newTrickleEnv(t, false)
 	u := te.createUser(t)
 	for range 150 {
 		te.trickle(t, "203.0.113.7")
 	}
 	te.await(t, http.StatusTooManyRequests, 150-config.DefaultProxyMaxPerClient)
 	// The anonymous pool is a 32nd of the budget: four fixed shares.
-	te.await(t, 0, (16<<20)/anonymousPoolShare/proxyReserve)
+	te.await(t, 0, (16<<20)/anonymousHeaderShare/proxyReserve)
 	te.stillServes(t, u)
 
 	// An IPv6 /64 is one address.
@@ -172,13 +196,13 @@ func TestProxyTrickleFromOneAddress(t *testing.T) {
 // requests go on.
 func TestProxyTrickleFromManyAddresses(t *testing.T) {
 	t.Parallel()
-	te := newTrickleEnv(t)
+	te := newTrickleEnv(t, false)
 	u := te.createUser(t)
 	for i := range 150 {
 		a := netip.AddrFrom4([4]byte{198, 51, byte(100 + i/200), byte(1 + i%200)})
 		te.trickle(t, a.String())
 	}
-	te.await(t, 0, (16<<20)/anonymousPoolShare/proxyReserve)
+	te.await(t, 0, (16<<20)/anonymousHeaderShare/proxyReserve)
 	t0 := time.Now()
 	te.stillServes(t, u)
 	t.Logf("stillServes took %s; started so far %d", time.Since(t0), len(te.started))
@@ -187,5 +211,31 @@ func TestProxyTrickleFromManyAddresses(t *testing.T) {
 		require.Equal(t, http.StatusOK, <-te.status, "those over the pool wait; nobody is refused")
 		answered++
 	}
-	require.LessOrEqual(t, answered, (16<<20)/anonymousPoolShare/proxyReserve, "only those in the pool have their answers")
+	require.LessOrEqual(t, answered, (16<<20)/anonymousHeaderShare/proxyReserve, "only those in the pool have their answers")
+}
+
+// An app view that is slow to answer what anonymous callers ask, asked
+// from 150 addresses: their requests hold only their share of the app
+// view's pool, a signed-in caller's still reach it, and the server's own
+// reads go on.
+func TestProxySlowAppView(t *testing.T) {
+	t.Parallel()
+	te := newTrickleEnv(t, true)
+	u := te.createUser(t)
+	for i := range 150 {
+		te.trickleAs(t, netip.AddrFrom4([4]byte{198, 51, byte(100 + i/200), byte(1 + i%200)}).String(), "", "")
+	}
+	te.await(t, 0, (16<<20)/anonymousConfiguredShare/proxyReserve)
+	te.trickleAs(t, "203.0.113.9", u.access, "")
+	te.awaitSigned(t, 0, 1, true)
+	ctx, cancel := context.WithTimeout(context.Background(), admissionWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, te.url+"/xrpc/com.atproto.sync.getRepo?did="+url.QueryEscape(u.did.String()), nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "an anonymous getRepo is answered")
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -42,9 +42,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		_, _ = w.Write(profileJSON)
 	}))
 	b.Cleanup(up.Close)
-	e := newProxyEnv(b, proxyEnvOptions{configure: func(c *config.Config) {
-		c.AppViewURL, c.AppViewDID = up.URL, "did:web:appview.bench.test"
-	}})
+	// The in-flight budget serve sizes for a 1 GiB machine: a proxied
+	// request reserves from it (and from its pool) as in production.
+	e := newProxyEnv(b, proxyEnvOptions{
+		configure: func(c *config.Config) { c.AppViewURL, c.AppViewDID = up.URL, "did:web:appview.bench.test" },
+		options:   func(o *Options) { o.Budget = budget.New(budget.Config{Capacity: 256 << 20}) },
+	})
 	u := e.createUser(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
 	fetch := func(url, token string) time.Duration {

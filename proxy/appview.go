@@ -14,28 +14,25 @@ import (
 // caller and returns its JSON answer.
 type appViewCall func(nsid syntax.NSID, q url.Values) (map[string]any, error)
 
-// maxLookupResponse bounds the answer to a lookup read-after-write makes
-// for quoted records: 25 post views are tens of kilobytes.
-const maxLookupResponse = 1 << 20
-
-// appViewCaller returns lookups on the configured app view for c, bound
-// to ctx (the request's: its budget accounting and its end apply); nil
-// without an app view.
-func (p *Proxy) appViewCaller(ctx context.Context, c Caller) appViewCall {
+// appViewCaller returns lookups on the configured app view for c (nil
+// without an app view), and the function that ends them. They are bound
+// to ctx (the request's: its budget accounting and its end apply) and
+// together to HeaderTimeout: however many one answer makes, a slow app
+// view holds it that long at most. Each answer is bounded to limit bytes.
+func (p *Proxy) appViewCaller(ctx context.Context, c Caller, limit int64) (appViewCall, context.CancelFunc) {
 	if p.cfg.AppViewURL == "" {
-		return nil
+		return nil, func() {}
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.HeaderTimeout)
 	return func(nsid syntax.NSID, q url.Values) (map[string]any, error) {
-		return p.callAppView(ctx, c, nsid, q, maxLookupResponse)
-	}
+		return p.callAppView(ctx, c, nsid, q, limit)
+	}, cancel
 }
 
 // callAppView GETs nsid with q from the configured app view, with a
-// service token for c when c is signed in, within HeaderTimeout and limit
-// bytes, through the proxy's client (guarded, no redirects).
+// service token for c when c is signed in, within ctx and limit bytes,
+// through the proxy's client (guarded, no redirects).
 func (p *Proxy) callAppView(ctx context.Context, c Caller, nsid syntax.NSID, q url.Values, limit int64) (map[string]any, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.HeaderTimeout)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.cfg.AppViewURL+"/xrpc/"+string(nsid)+"?"+q.Encode(), nil)
 	if err != nil {
 		return nil, err

@@ -184,7 +184,8 @@ func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.V
 	if err != nil {
 		return nil, 0
 	}
-	v := p.newViewer(ctx, c, local)
+	v, done := p.newViewer(ctx, c, local)
+	defer done()
 	if !munge(v, body, q) {
 		return nil, 0
 	}

@@ -102,7 +102,8 @@ func (p *Proxy) localThread(ctx context.Context, c Caller, q url.Values, rev str
 		return nil, 0
 	}
 	want := "at://" + string(c.DID) + "/" + uri.Collection().String() + "/" + uri.RecordKey().String()
-	v := p.newViewer(ctx, c, local)
+	v, done := p.newViewer(ctx, c, local)
+	defer done()
 	var anchor *localPost
 	for i := range v.posts {
 		if v.posts[i].uri == want {
@@ -121,7 +122,7 @@ func (p *Proxy) localThread(ctx context.Context, c Caller, q url.Values, rev str
 		}
 		// Without its parents the thread is still the caller's post: a
 		// failed lookup leaves them out, as in the reference PDS.
-		if res, err := p.callAppView(ctx, c, getPostThreadNSID, pq, p.cfg.MaxResponseBytes); err == nil && res["thread"] != nil {
+		if res, err := v.call(getPostThreadNSID, pq); err == nil && res["thread"] != nil {
 			thread["parent"] = res["thread"]
 		}
 	}

@@ -203,3 +203,45 @@ func TestReadAfterWriteEmbeds(t *testing.T) {
 	require.Equal(t, []string{gen}, calls["/xrpc/app.bsky.feed.getFeedGenerators"]["feeds"])
 	require.Equal(t, list, calls["/xrpc/app.bsky.graph.getList"].Get("list"))
 }
+
+// The lookups one answer makes share one HeaderTimeout: an app view that
+// stalls on the first holds the answer that long, and the rest are not
+// sent at all.
+func TestReadAfterWriteLookupsShareADeadline(t *testing.T) {
+	t.Parallel()
+	fx := newRawFixture(t)
+	fx.local.records.Posts = nil
+	for i, c := range []string{"app.bsky.feed.post", "app.bsky.graph.list", "app.bsky.graph.list"} {
+		uri := "at://" + otherDID + "/" + c + "/r" + string(rune('a'+i))
+		fx.local.records.Posts = append(fx.local.records.Posts, Record{
+			URI: syntax.ATURI("at://" + string(callerDID) + "/app.bsky.feed.post/3lq" + string(rune('a'+i))), CID: recordCID, IndexedAt: fx.now,
+			Value: json.RawMessage(`{"$type":"app.bsky.feed.post","text":"q","createdAt":"2026-01-01T00:00:00Z",` +
+				`"embed":{"$type":"app.bsky.embed.record","record":{"uri":"` + uri + `","cid":"` + recordCID + `"}}}`),
+		})
+	}
+	var mu sync.Mutex
+	var lookups []string
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Atproto-Repo-Rev", fx.oldRev)
+		if r.URL.Path == "/xrpc/app.bsky.feed.getTimeline" {
+			_, _ = io.WriteString(w, `{"feed":[]}`)
+			return
+		}
+		mu.Lock()
+		lookups = append(lookups, r.URL.Path)
+		mu.Unlock()
+		<-r.Context().Done() // stalls until the proxy gives up
+	})
+	f := newFront(t, Config{AppViewURL: up.URL, AppViewDID: appViewDID, Local: fx.local, HeaderTimeout: 200 * time.Millisecond}, authed)
+	r := f.get(t, "app.bsky.feed.getTimeline", nil)
+	require.Equal(t, http.StatusOK, r.status)
+	feed := decodeJSON(t, r.body)["feed"].([]any)
+	require.Len(t, feed, 3, "the posts are there, their quotes not found")
+	for _, it := range feed {
+		require.Equal(t, "app.bsky.embed.record#viewNotFound", asMap(asMap(itemPost(it)["embed"])["record"])["$type"])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"/xrpc/app.bsky.feed.getPosts"}, lookups, "the list lookups were never sent")
+}

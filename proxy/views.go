@@ -45,8 +45,12 @@ type localPost struct {
 	value map[string]any
 }
 
-func (p *Proxy) newViewer(ctx context.Context, c Caller, local *LocalRecords) *viewer {
-	v := &viewer{did: c.DID, handle: local.Handle, image: p.imageURL, video: p.videoURL, call: p.appViewCaller(ctx, c)}
+// newViewer returns a viewer for c's local records, whose app view
+// lookups end when done is called.
+func (p *Proxy) newViewer(ctx context.Context, c Caller, local *LocalRecords) (v *viewer, done func()) {
+	v = &viewer{did: c.DID, handle: local.Handle, image: p.imageURL, video: p.videoURL}
+	// A parent thread (getPostThread) may be as large as any answer.
+	v.call, done = p.appViewCaller(ctx, c, p.cfg.MaxResponseBytes)
 	if v.handle == "" {
 		v.handle = invalidHandle
 	}
@@ -65,7 +69,7 @@ func (p *Proxy) newViewer(ctx context.Context, c Caller, local *LocalRecords) *v
 			v.posts = append(v.posts, localPost{rec: rec, uri: rec.URI.String(), value: m})
 		}
 	}
-	return v
+	return v, done
 }
 
 // imageURL is where a client fetches the caller's blob cid as kind
