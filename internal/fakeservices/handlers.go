@@ -33,6 +33,12 @@ func (s *Services) mux(svc Service, hs map[string]handler) http.Handler {
 			writeJSON(w, s.Calls())
 			return
 		}
+		if r.URL.Path == "/_repoRev" && r.Method == http.MethodPost {
+			// SetRepoRev for scripts: POST /_repoRev?did=...&rev=...
+			s.SetRepoRev(syntax.DID(r.URL.Query().Get("did")), r.URL.Query().Get("rev"))
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		method := strings.TrimPrefix(r.URL.Path, "/xrpc/")
 		h, ok := hs[method]
 		if !ok {
