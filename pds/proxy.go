@@ -102,7 +102,9 @@ func (s *Server) proxyWriteGrace() time.Duration {
 // serveProxy is Server.unknownMethod when the proxy is on. Before any
 // upstream work, in order: the global per-address rate limit, the verb,
 // the caller's credentials (absent is anonymous; present must be valid),
-// the proxy policy, and admission to the in-flight budget.
+// the proxy policy, the client's count of proxied requests in flight,
+// the target (the atproto-proxy header resolved), and admission to its
+// pool and the in-flight budget (proxy_admission.go).
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) error {
 	nsid, err := syntax.ParseNSID(strings.TrimPrefix(r.URL.Path, "/xrpc/"))
 	if err != nil {
