@@ -172,6 +172,16 @@ type Config struct {
 	ProxyBodyTimeout time.Duration
 	// ProxyMaxResponse bounds a proxied service's response body, in bytes.
 	ProxyMaxResponse int64
+	// ProxyTotalTimeout bounds a proxied answer from the request being
+	// sent to its last byte.
+	ProxyTotalTimeout time.Duration
+	// ProxyMinRate is the slowest average rate, in bytes a second, a
+	// proxied answer may arrive at once it has taken 10 s.
+	ProxyMinRate int64
+	// ProxyMaxPerClient caps the proxied requests one client (an account,
+	// or an anonymous caller's address, an IPv6 /64 counting as one) may
+	// have in flight at once.
+	ProxyMaxPerClient int
 	// ProxyAllowPrivate are networks the server's outbound requests
 	// (service proxy, handle and did:web resolution, OAuth client
 	// metadata, relay watch) may reach although they are not public, over
@@ -368,6 +378,9 @@ func DefaultConfig() *Config {
 		ProxyHeaderTimeout:     DefaultProxyHeaderTimeout,
 		ProxyBodyTimeout:       DefaultProxyBodyTimeout,
 		ProxyMaxResponse:       DefaultProxyMaxResponse,
+		ProxyTotalTimeout:      DefaultProxyTotalTimeout,
+		ProxyMinRate:           DefaultProxyMinRate,
+		ProxyMaxPerClient:      DefaultProxyMaxPerClient,
 		FirehoseRate:           DefaultFirehoseRate,
 		FirehoseBurst:          DefaultFirehoseBurst,
 		FirehoseRetention:      DefaultFirehoseRetention,

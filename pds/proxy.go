@@ -51,15 +51,34 @@ func newProxy(opts Options, dir *outbound.Directory, logger *slog.Logger) (*prox
 		MaxResponseBytes:    cfg.ProxyMaxResponse,
 		MaxRequestBytes:     cfg.MaxJSONBody,
 		MaxBlobRequestBytes: cfg.BlobMaxBytes,
+		TotalTimeout:        cfg.ProxyTotalTimeout,
+		MinRate:             cfg.ProxyMinRate,
 		PublicURL:           cfg.PublicURL(),
 		Registerer:          metrics.Registry,
 		Keys:                opts.Keys,
 		Logger:              logger,
 	}
+	pc.VideoPlaylistPattern, pc.VideoThumbnailPattern = videoPatterns(cfg.AppViewURL)
 	if opts.Repo != nil && opts.Accounts != nil {
 		pc.Local = localState{repo: opts.Repo, accounts: opts.Accounts}
 	}
 	return proxy.New(pc)
+}
+
+// videoPatterns are the URLs of the app view's video playlists and
+// thumbnails (did and cid for the two %s), for the video views
+// read-after-write renders: Bluesky's video service for Bluesky's app
+// view, and for any other app view the paths the reference app view
+// serves them at by default, under its own URL.
+func videoPatterns(appView string) (playlist, thumbnail string) {
+	switch o := origin(appView); o {
+	case "":
+		return "", ""
+	case "https://api.bsky.app":
+		return "https://video.bsky.app/watch/%s/%s/playlist.m3u8", "https://video.bsky.app/watch/%s/%s/thumbnail.jpg"
+	default:
+		return o + "/vid/%s/%s/playlist.m3u8", o + "/vid/%s/%s/thumbnail.jpg"
+	}
 }
 
 // origin is scheme://host[:port] of rawURL, as the proxy addresses a
@@ -83,7 +102,9 @@ func (s *Server) proxyWriteGrace() time.Duration {
 // serveProxy is Server.unknownMethod when the proxy is on. Before any
 // upstream work, in order: the global per-address rate limit, the verb,
 // the caller's credentials (absent is anonymous; present must be valid),
-// the proxy policy, and admission to the in-flight budget.
+// the proxy policy, the client's count of proxied requests in flight,
+// the target (the atproto-proxy header resolved), and admission to its
+// pool and the in-flight budget (proxy_admission.go).
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) error {
 	nsid, err := syntax.ParseNSID(strings.TrimPrefix(r.URL.Path, "/xrpc/"))
 	if err != nil {
@@ -109,7 +130,16 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) error {
 		}
 		return proxyError(err)
 	}
-	flow, err := s.startProxyFlow(r.Context())
+	leave, err := s.proxyAdmit.enter(s.proxyClientKey(r, caller))
+	if err != nil {
+		return err
+	}
+	defer leave()
+	target, err := s.proxy.RequestTarget(r, nsid)
+	if err != nil {
+		return s.proxyFailed(w, r, nsid, err)
+	}
+	flow, err := s.startProxyFlow(r.Context(), s.proxyAdmit.budgets(target, caller))
 	if err != nil {
 		return err
 	}
@@ -117,23 +147,38 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) error {
 	s.proxyDeadlines(w)
 	pw := &proxyWriter{streamWriter: newStreamWriter(w), flow: flow}
 	r = r.WithContext(withProxyFlow(r.Context(), flow))
-	err = s.proxy.Serve(pw, r, nsid, caller)
+	err = s.proxy.Forward(pw, r, nsid, target, caller)
 	if err == nil {
 		return nil
 	}
 	if refused := flow.overloaded(); refused != nil {
 		return refused
 	}
+	return s.proxyFailed(w, r, nsid, err)
+}
+
+// proxyAllowHint is logged with a request the outbound client refused to
+// send: the setting that lets it reach the service.
+const proxyAllowHint = "the service is on a private address, or on plain http outside --proxy-allow-private: allow its network with --proxy-allow-private (BULWARK_PROXY_ALLOW_PRIVATE)"
+
+// proxyFailed answers err, a proxy error from before anything was
+// written. A failure of the service (502, 504, or its own error status
+// passed on) is another service's, not this one's: it is logged as a
+// warning, where writeError would log an error line per request all
+// through an app view outage, and its 503 does not count as this
+// server's overload.
+func (s *Server) proxyFailed(w http.ResponseWriter, r *http.Request, nsid syntax.NSID, err error) error {
 	xe := proxyError(err)
-	if xe.Status == http.StatusBadGateway || xe.Status == http.StatusGatewayTimeout {
-		// Another service failed, not this one: a warning, where
-		// writeError would log an error line per request all through an
-		// app view outage. Serve wrote nothing, so the answer is whole.
-		s.logger.Warn("proxied request failed", "request_id", RequestID(r.Context()), "nsid", nsid, "status", xe.Status, "error", err)
-		_ = writeJSON(w, xe.Status, xrpcErrorBody{Error: xe.Name, Message: xe.Message})
-		return nil
+	if xe.Status != http.StatusBadGateway && xe.Status != http.StatusGatewayTimeout && !errors.Is(err, proxy.ErrUpstreamStatus) {
+		return xe
 	}
-	return xe
+	args := []any{"request_id", RequestID(r.Context()), "nsid", nsid, "status", xe.Status, "error", err}
+	if outbound.Refused(err) {
+		args = append(args, "hint", proxyAllowHint)
+	}
+	s.logger.Warn("proxied request failed", args...)
+	_ = writeJSON(w, xe.Status, xrpcErrorBody{Error: xe.Name, Message: xe.Message})
+	return nil
 }
 
 // proxyDeadlines replaces the server's whole-exchange write deadline,

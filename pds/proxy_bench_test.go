@@ -19,6 +19,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/budget"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/proxy"
 )
 
 // profileJSON is an app view getProfile answer of ordinary size (~1 KB).
@@ -42,9 +43,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		_, _ = w.Write(profileJSON)
 	}))
 	b.Cleanup(up.Close)
-	e := newProxyEnv(b, proxyEnvOptions{configure: func(c *config.Config) {
-		c.AppViewURL, c.AppViewDID = up.URL, "did:web:appview.bench.test"
-	}})
+	// The in-flight budget serve sizes for a 1 GiB machine: a proxied
+	// request reserves from it (and from its pool) as in production.
+	e := newProxyEnv(b, proxyEnvOptions{
+		configure: func(c *config.Config) { c.AppViewURL, c.AppViewDID = up.URL, "did:web:appview.bench.test" },
+		options:   func(o *Options) { o.Budget = budget.New(budget.Config{Capacity: 256 << 20}) },
+	})
 	u := e.createUser(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
 	fetch := func(url, token string) time.Duration {
@@ -172,4 +176,32 @@ func BenchmarkProxyHeap(b *testing.B) {
 	for range b.N {
 		// The figures are logged above; there is nothing to repeat.
 	}
+}
+
+// BenchmarkProxyAdmission is the work admission adds to each proxied
+// request, alone: the per-client count, and the fixed share reserved from
+// a pool and the in-flight budget and given back.
+//
+//	go test ./pds -run '^$' -bench BenchmarkProxyAdmission
+func BenchmarkProxyAdmission(b *testing.B) {
+	s := &Server{cfg: config.DefaultConfig()}
+	s.proxyAdmit = newProxyAdmission(16, 512, budget.New(budget.Config{Capacity: 256 << 20}))
+	ctx := context.Background()
+	target := proxy.Target{Configured: true}
+	caller := proxy.Caller{DID: "did:plc:bench", Authenticated: true}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			leave, err := s.proxyAdmit.enter("did " + caller.DID.String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			flow, err := s.startProxyFlow(ctx, s.proxyAdmit.budgets(target, caller))
+			if err != nil {
+				b.Fatal(err)
+			}
+			flow.release()
+			leave()
+		}
+	})
 }

@@ -21,9 +21,10 @@ import (
 // the budget. What grows with the answer is what the proxy holds back:
 // read-after-write reads an answer whole before it rewrites it, and then
 // decodes it into a tree. So each proxied request reserves a fixed
-// proxyReserve when it is admitted (first come, first served, with
-// getRepo exports and blob downloads; a full queue is a 503 before any
-// upstream work), and then, as it reads the upstream's body, the bytes it
+// proxyReserve when it is admitted (from its pool, then from the budget,
+// first come, first served with getRepo exports and blob downloads; a
+// full queue is a 503 before any upstream work; proxy_admission.go), and
+// then, as it reads the upstream's body, the bytes it
 // has read but not yet written to the client (held) are charged for what
 // they will cost once decoded (heldCost), taken from the budget in pieces
 // of at least proxyGrowStep. A relayed stream never holds more than one
@@ -37,9 +38,10 @@ import (
 // ServiceOverloaded and frees what it held, so the others go on: holding
 // and waiting cannot deadlock the budget. Nothing has reached the client
 // when that happens: held bytes are, by definition, not yet written. An
-// answer whose cost is more than the budget less this request's own fixed
-// share can never be buffered; on the smallest budget (16 MiB) that is a
-// timeline of about 700 KB, while the app view lags.
+// answer whose cost is more than the app view's pool (half the budget)
+// less this request's own fixed share can never be buffered; on the
+// smallest budget (16 MiB) that is a timeline of about 350 KB, while the
+// app view lags.
 //
 // Only the configured app view's answers are ever held back: an upstream
 // an atproto-proxy header names is anyone's, and buffering and decoding
@@ -85,7 +87,9 @@ var errProxyOverloaded = errors.New("in-flight budget has no room for the proxie
 
 // proxyFlow is one proxied request's reservations and byte counts.
 type proxyFlow struct {
-	budget      *budget.Budget
+	// budgets are what it reserves from, in order: its pools, then the
+	// in-flight budget (proxyAdmission.budgets; none: no limit).
+	budgets     []*budget.Budget
 	ctx         context.Context
 	maxResponse int64
 	// upstreamRev is the atproto-repo-rev of an answer kept from the proxy
@@ -101,13 +105,33 @@ type proxyFlow struct {
 	refused error
 }
 
-// startProxyFlow admits a proxied request with its fixed reservation.
-func (s *Server) startProxyFlow(ctx context.Context) (*proxyFlow, error) {
-	res, err := s.reserve(ctx, proxyReserve)
+// startProxyFlow admits a proxied request with its fixed reservation
+// from each of budgets in turn.
+func (s *Server) startProxyFlow(ctx context.Context, budgets []*budget.Budget) (*proxyFlow, error) {
+	f := &proxyFlow{budgets: budgets, ctx: ctx, maxResponse: s.cfg.ProxyMaxResponse}
+	res, err := f.acquire(ctx, proxyReserve)
 	if err != nil {
 		return nil, err
 	}
-	return &proxyFlow{budget: s.protect.budget, ctx: ctx, maxResponse: s.cfg.ProxyMaxResponse, held: []*budget.Reservation{res}, reserved: proxyReserve}, nil
+	f.held, f.reserved = res, proxyReserve
+	return f, nil
+}
+
+// acquire reserves n bytes from every budget of the flow, in order; on
+// failure it gives back what it took.
+func (f *proxyFlow) acquire(ctx context.Context, n int64) ([]*budget.Reservation, error) {
+	out := make([]*budget.Reservation, 0, len(f.budgets))
+	for _, b := range f.budgets {
+		res, err := b.Acquire(ctx, n)
+		if err != nil {
+			for _, r := range out {
+				r.Release()
+			}
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
 }
 
 // release gives back everything the request holds.
@@ -137,7 +161,7 @@ func (f *proxyFlow) cover(encoded bool) error {
 	if f.refused != nil {
 		return f.refused
 	}
-	if f.budget == nil || need <= f.reserved {
+	if len(f.budgets) == 0 || need <= f.reserved {
 		return nil
 	}
 	step := max(need-f.reserved, proxyGrowStep)
@@ -145,7 +169,7 @@ func (f *proxyFlow) cover(encoded bool) error {
 	defer cancel()
 	// Waiting under f.mu is fine: only this request's own goroutine reads
 	// its upstream body.
-	res, err := f.budget.Acquire(ctx, step)
+	res, err := f.acquire(ctx, step)
 	if err != nil {
 		if f.ctx.Err() != nil {
 			return err // the client went away; nothing to report
@@ -156,7 +180,7 @@ func (f *proxyFlow) cover(encoded bool) error {
 		f.refused = err
 		return errProxyOverloaded
 	}
-	f.held = append(f.held, res)
+	f.held = append(f.held, res...)
 	f.reserved += step
 	return nil
 }

@@ -3,9 +3,11 @@ package pds
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -28,8 +30,12 @@ type proxyEnv struct {
 
 type proxyEnvOptions struct {
 	// noAllow leaves --proxy-allow-private empty: the fakes, on 127.0.0.1,
-	// are then out of reach.
+	// are then out of reach, and the configured app view is named
+	// https://appview.test:<its port>, a name that resolves to 127.0.0.1
+	// (a name the start-up check cannot judge; an address it refuses).
 	noAllow bool
+	// logs receives the server's log.
+	logs *lockedBuffer
 	// configure adjusts the config after the fakes are set.
 	configure func(*config.Config)
 	// options adjusts the server's Options (budget, limits).
@@ -48,15 +54,18 @@ func newProxyEnv(t testing.TB, po proxyEnvOptions) *proxyEnv {
 			t.Cleanup(f.Close)
 			fakes = f
 			cfg.AppViewURL, cfg.AppViewDID = f.AppView.URL, f.AppView.DID.String()
-			if !po.noAllow {
+			if po.noAllow {
+				cfg.AppViewURL = strings.Replace(f.AppView.URL, "http://127.0.0.1", "https://appview.test", 1)
+			} else {
 				cfg.ProxyAllowPrivate = loopback
 			}
 			if po.configure != nil {
 				po.configure(cfg)
 			}
 		},
+		logs: po.logs,
 		options: func(o *Options) {
-			o.Outbound = outbound.New(outbound.Config{AllowCIDRs: o.Config.ProxyAllowPrivate, Logger: slog.New(slog.DiscardHandler)})
+			o.Outbound = outbound.New(outbound.Config{AllowCIDRs: o.Config.ProxyAllowPrivate, Logger: slog.New(slog.DiscardHandler), Resolver: testResolver{}})
 			if po.options != nil {
 				po.options(o)
 			}
@@ -115,4 +124,19 @@ func (e *proxyEnv) appPasswordSession(t testing.TB, u *user, privileged bool) st
 	name := "app" + itoa(int(userSeq.Add(1)))
 	pw := e.post(t, "com.atproto.server.createAppPassword", u.access, map[string]any{"name": name, "privileged": privileged}).ok(t).str(t, "password")
 	return e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": pw}).ok(t).str(t, "accessJwt")
+}
+
+// testResolver resolves appview.test to 127.0.0.1 and every other name as
+// the system does.
+type testResolver struct{}
+
+func (testResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if host == "appview.test" {
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, network, host)
+}
+
+func (testResolver) LookupTXT(ctx context.Context, name string) ([]string, error) {
+	return net.DefaultResolver.LookupTXT(ctx, name)
 }

@@ -46,7 +46,8 @@ func newUpstream(t *testing.T, tls bool, h http.HandlerFunc) *upstream {
 // that cannot be reached, and never called.
 func TestProxyRefusesLoopbackWithoutAllowList(t *testing.T) {
 	t.Parallel()
-	e := newProxyEnv(t, proxyEnvOptions{noAllow: true})
+	logs := &lockedBuffer{}
+	e := newProxyEnv(t, proxyEnvOptions{noAllow: true, logs: logs})
 	u := e.createUser(t)
 	up := newUpstream(t, true, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "{}") })
 	did := e.registerService(t, "bsky_chat", up.URL)
@@ -54,9 +55,11 @@ func TestProxyRefusesLoopbackWithoutAllowList(t *testing.T) {
 	requireNamedError(t, res, http.StatusBadGateway, "UpstreamFailure")
 	require.Zero(t, up.hits.Load())
 
-	// The configured app view on 127.0.0.1 is no exception.
+	// The configured app view on 127.0.0.1 is no exception; the log
+	// names the setting that would let it be reached.
 	requireNamedError(t, e.call(t, "app.bsky.feed.getTimeline", u.access, "", nil), http.StatusBadGateway, "UpstreamFailure")
 	e.requireNoUpstreamCall(t)
+	require.Contains(t, logs.String(), `hint="the service is on a private address, or on plain http outside --proxy-allow-private: allow its network with --proxy-allow-private (BULWARK_PROXY_ALLOW_PRIVATE)"`)
 }
 
 // Upstreams that send too much, stall, or redirect get named errors, and
@@ -171,7 +174,9 @@ func TestProxyBudget(t *testing.T) {
 	t.Parallel()
 	var seen atomic.Pointer[string]
 	appView := timelines(t, &seen)
-	b := budget.New(budget.Config{Capacity: 4 << 20, MaxQueue: -1})
+	// Half of it is the app view's pool: room for the small answer held
+	// back, never for the large one.
+	b := budget.New(budget.Config{Capacity: 8 << 20, MaxQueue: -1})
 	e := newProxyEnv(t, proxyEnvOptions{
 		configure: func(c *config.Config) { c.AppViewURL = appView.URL },
 		options:   func(o *Options) { o.Budget = b },

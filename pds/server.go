@@ -175,6 +175,8 @@ type Server struct {
 	unknownMethod handlerFunc
 	// proxy forwards the methods this server does not serve (nil: off).
 	proxy *proxy.Proxy
+	// proxyAdmit bounds proxied requests per client and per pool.
+	proxyAdmit *proxyAdmission
 
 	shutdownMu    sync.Mutex
 	shutdownHooks []func()
@@ -268,6 +270,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.console, s.onOverload = opts.Console, opts.OnOverload
 	s.protect = newProtection(opts)
+	s.proxyAdmit = newProxyAdmission(opts.Config.ProxyMaxPerClient, opts.Config.InflightQueue, s.protect.budget)
 	s.priority = newPriorityGate(opts)
 	if opts.Config != nil && opts.Config.ExportRate > 0 {
 		// A burst of a few chunks: an export starts at once, and the rate

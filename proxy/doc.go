@@ -17,10 +17,17 @@
 //     DID, lxm = the method; for app.bsky.feed.getFeed, aud = the feed
 //     generator and lxm = getFeedSkeleton);
 //  4. forwarding ([Proxy.Forward]): an allow-list of headers each way,
-//     bodies streamed with bounded memory, time and size limits, upstream
-//     failures mapped to typed errors ([*Error]), and read-after-write for
+//     bodies streamed with bounded memory; the answer bounded in size, in
+//     each wait, in total time and in average rate; upstream failures
+//     mapped to typed errors ([*Error]), a service's own error statuses
+//     passed on as the reference PDS passes them; and read-after-write for
 //     the caller's own recent posts and profile when the app view lags
-//     behind the repository.
+//     behind the repository (its answers spliced, its NotFound for the
+//     caller's new post answered with the post's thread).
+//
+// How many proxied requests may be in flight, per client and in all, is
+// the XRPC layer's to decide once [Proxy.RequestTarget] has said where a
+// request goes ([Target.Configured]).
 //
 // [Proxy.Serve] runs all four. The package knows nothing of sessions or
 // storage: the XRPC layer says who the caller is ([Caller]) and supplies

@@ -36,8 +36,12 @@ var (
 	// ErrRequestTooLarge: the request body is over the limit.
 	ErrRequestTooLarge = errors.New("request body too large")
 	// ErrUpstreamFailure: the upstream service failed, was unreachable,
-	// answered 5xx or a redirect.
+	// answered 500 or a redirect.
 	ErrUpstreamFailure = errors.New("upstream service failed")
+	// ErrUpstreamStatus: the upstream service answered with a server
+	// error other than 500, which is passed on as it was (its status, and
+	// its XRPC error name and message), as the reference PDS does.
+	ErrUpstreamStatus = errors.New("upstream service answered with an error")
 	// ErrUpstreamTimeout: the upstream service did not answer, or stalled
 	// while sending its body, past the configured timeouts.
 	ErrUpstreamTimeout = errors.New("upstream service timed out")
@@ -122,4 +126,37 @@ func statusFor(sentinel error) (int, string) {
 	default: // ErrSigning and anything unforeseen
 		return http.StatusInternalServerError, "InternalServerError"
 	}
+}
+
+// standardNames are the XRPC error names of HTTP statuses (the reference
+// implementation's ResponseType), for an upstream error that names none.
+var standardNames = map[int]string{
+	http.StatusBadRequest:            "InvalidRequest",
+	http.StatusUnauthorized:          "AuthenticationRequired",
+	http.StatusForbidden:             "Forbidden",
+	http.StatusNotFound:              "XRPCNotSupported",
+	http.StatusNotAcceptable:         "NotAcceptable",
+	http.StatusRequestEntityTooLarge: "PayloadTooLarge",
+	http.StatusUnsupportedMediaType:  "UnsupportedMediaType",
+	http.StatusTooManyRequests:       "RateLimitExceeded",
+	http.StatusInternalServerError:   "InternalServerError",
+	http.StatusNotImplemented:        "MethodNotImplemented",
+	http.StatusBadGateway:            "UpstreamFailure",
+	http.StatusServiceUnavailable:    "NotEnoughResources",
+	http.StatusGatewayTimeout:        "UpstreamTimeout",
+}
+
+// upstreamStatusError is ErrUpstreamStatus for an upstream answer with
+// status (501-599) and its XRPC error name and message, if it had them.
+func upstreamStatusError(status int, name, msg string) *Error {
+	if name == "" {
+		name = standardNames[status]
+		if name == "" {
+			name = "UpstreamFailure"
+		}
+	}
+	if msg == "" {
+		msg = fmt.Sprintf("upstream service answered %d %s", status, http.StatusText(status))
+	}
+	return &Error{Status: status, Name: name, Message: msg, Err: fmt.Errorf("%w: %d", ErrUpstreamStatus, status)}
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,8 +53,19 @@ var blobMethods = map[syntax.NSID]bool{
 // gets Config.MaxBlobRequestBytes instead of MaxRequestBytes.
 func IsBlobMethod(nsid syntax.NSID) bool { return blobMethods[nsid] }
 
-// errTimeout is the cancel cause when the watchdog fires.
+// errTimeout is the cancel cause when the watchdog fires; the exchange's
+// bound says which limit it was.
 var errTimeout = errors.New("upstream timeout")
+
+// bound is the limit the watchdog is armed for.
+type bound int32
+
+const (
+	boundHeaders bound = iota // HeaderTimeout, for the response headers
+	boundStall                // BodyTimeout, for the next bytes of the body
+	boundTotal                // TotalTimeout, for the whole answer
+	boundRate                 // MinRate, for the body's average rate
+)
 
 // exchange is one upstream round trip.
 type exchange struct {
@@ -62,15 +75,20 @@ type exchange struct {
 	client context.Context // the client's request context
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// timer is the watchdog: armed for HeaderTimeout once the request is
-	// sent, for BodyTimeout around each read of the response body.
+	// timer is the watchdog: armed once the request is sent for the
+	// response headers, then around each read of the response body for
+	// the nearest of BodyTimeout, the answer's TotalTimeout and the time
+	// its MinRate says the next byte is due; armed says which.
 	timer *time.Timer
+	armed atomic.Int32 // a bound
 	// mu orders the request body's arming of the header watchdog with
 	// the arrival of the response headers, after which only the handler
 	// goroutine touches the timer.
 	mu        sync.Mutex
-	done      bool // the round trip is over (headers in, or failed)
-	headersIn bool // the response headers are in
+	done      bool      // the round trip is over (headers in, or failed)
+	headersIn bool      // the response headers are in
+	sent      time.Time // when the request was all sent: the answer's clock
+	headersAt time.Time // when the response headers came in
 	reqBody   *requestBody
 	status    int   // status written to the client
 	respBytes int64 // response body bytes read
@@ -84,7 +102,10 @@ type exchange struct {
 //
 // Forward returns an error (an *Error) only when nothing was written to w:
 // the caller answers it. 2xx and 4xx answers are relayed as they are
-// (status, allowed headers, body); 3xx and 5xx become ErrUpstreamFailure.
+// (status, allowed headers, body); 3xx and 500 become ErrUpstreamFailure,
+// other 5xx ErrUpstreamStatus with the upstream's status, name and
+// message (checkStatus). The answer must be complete within TotalTimeout
+// of the request being sent, and arrive at MinRate.
 // Once the response has started, a failure (the upstream stalls past
 // BodyTimeout, the body grows past MaxResponseBytes, the client goes away)
 // cannot be reported any more, so Forward aborts the response with
@@ -131,9 +152,16 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, nsid syntax.NSID
 	if r.Method != http.MethodHead && resp.ContentLength > p.cfg.MaxResponseBytes {
 		return ex.tooLarge()
 	}
-	if p.rawEligible(r, nsid, c) && resp.StatusCode == http.StatusOK {
-		if rev, behind := p.behind(r.Context(), resp, c.DID); behind {
-			return ex.readAfterWrite(w, r, resp, c, rev)
+	if p.rawEligible(r, nsid, c) {
+		switch {
+		case resp.StatusCode == http.StatusOK:
+			if rev, behind := p.behind(r.Context(), resp, c.DID); behind {
+				return ex.readAfterWrite(w, r, resp, c, rev)
+			}
+		case resp.StatusCode == http.StatusBadRequest && nsid == getPostThreadNSID:
+			if rev, behind := p.behind(r.Context(), resp, c.DID); behind {
+				return ex.threadNotFound(w, r, resp, c, rev)
+			}
 		}
 	}
 	return ex.relay(w, r, resp)
@@ -174,10 +202,11 @@ func (ex *exchange) newRequest(r *http.Request, t Target, authz string, raw bool
 		}
 	}
 	ex.ctx, ex.cancel = context.WithCancelCause(r.Context())
-	ex.timer = time.AfterFunc(p.cfg.HeaderTimeout, func() { ex.cancel(errTimeout) })
-	if body != nil {
-		ex.timer.Stop() // armed once the body is sent (requestBody)
-	}
+	ex.timer = time.AfterFunc(time.Hour, func() { ex.cancel(errTimeout) })
+	ex.timer.Stop()
+	if body == nil {
+		ex.armHeaderTimer()
+	} // else armed once the body is sent (requestBody)
 	u := t.URL + "/xrpc/" + string(ex.nsid)
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
@@ -260,20 +289,31 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// armHeaderTimer starts the wait for response headers once the request
-// body is sent, unless they are in already.
+// armHeaderTimer starts the answer's clock and the wait for response
+// headers once the request is sent, unless they are in already.
 func (ex *exchange) armHeaderTimer() {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	if !ex.done {
-		ex.timer.Reset(ex.p.cfg.HeaderTimeout)
+	if ex.done {
+		return
 	}
+	ex.sent = time.Now()
+	d, b := ex.p.cfg.HeaderTimeout, boundHeaders
+	if ex.p.cfg.TotalTimeout < d {
+		d, b = ex.p.cfg.TotalTimeout, boundTotal
+	}
+	ex.armed.Store(int32(b))
+	ex.timer.Reset(d)
 }
 
 func (ex *exchange) roundTripDone(headersIn bool) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.done, ex.headersIn = true, headersIn
+	ex.headersAt = time.Now()
+	if ex.sent.IsZero() {
+		ex.sent = ex.headersAt // answered before the body was all sent
+	}
 	ex.timer.Stop()
 }
 
@@ -284,7 +324,9 @@ func (ex *exchange) gotHeaders() bool {
 }
 
 // checkStatus turns upstream answers that must not reach the client as
-// they are into errors: redirects (never followed) and server errors.
+// they are into errors: redirects (never followed), 500 (UpstreamFailure)
+// and other server errors (passed on as their status, name and message,
+// ErrUpstreamStatus). 2xx and 4xx answers are relayed as they are.
 func (ex *exchange) checkStatus(resp *http.Response) error {
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300, s >= 400 && s < 500:
@@ -292,13 +334,19 @@ func (ex *exchange) checkStatus(resp *http.Response) error {
 	case s >= 300 && s < 400:
 		ex.log(slog.LevelWarn, "upstream redirect refused", "status", s)
 		return newError(ErrUpstreamFailure, nil, "upstream service answered with a redirect (%d), which is not followed", s)
-	case s >= 500:
+	case s == http.StatusInternalServerError:
+		// The one status the reference PDS maps: an upstream's internal
+		// error is not this server's.
 		name, msg := ex.upstreamError(resp)
 		ex.log(slog.LevelWarn, "upstream failure", "status", s, "upstream_error", name)
 		if name != "" {
 			return newError(ErrUpstreamFailure, nil, "upstream service failed (%d %s): %s", s, name, msg)
 		}
 		return newError(ErrUpstreamFailure, nil, "upstream service failed (%d)", s)
+	case s > 500 && s < 600:
+		name, msg := ex.upstreamError(resp)
+		ex.log(slog.LevelWarn, "upstream error passed on", "status", s, "upstream_error", name)
+		return upstreamStatusError(s, name, msg)
 	default:
 		return newError(ErrUpstreamFailure, nil, "upstream service answered with status %d", s)
 	}
@@ -365,11 +413,25 @@ func (ex *exchange) upstreamError(resp *http.Response) (name, msg string) {
 			break
 		}
 	}
+	return errorBody(buf[:n], resp.Header.Get("Content-Encoding"))
+}
+
+// errorBody reads the XRPC error name and message of raw, an error
+// answer's body in encoding, decoding at most maxErrorBody bytes.
+func errorBody(raw []byte, encoding string) (name, msg string) {
+	if encoding == "gzip" {
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return "", ""
+		}
+		// A short body is all there is: what decodes is used.
+		raw, _ = io.ReadAll(io.LimitReader(zr, maxErrorBody))
+	}
 	var body struct {
 		Error   string `json:"error"`
 		Message string `json:"message"`
 	}
-	if json.Unmarshal(buf[:n], &body) != nil {
+	if json.Unmarshal(raw, &body) != nil {
 		return "", ""
 	}
 	return printable(body.Error, 64), printable(body.Message, 256)
@@ -404,11 +466,39 @@ func (ex *exchange) writeHeader(w http.ResponseWriter, resp *http.Response) {
 
 // read reads once from the upstream body under the body watchdog.
 func (ex *exchange) read(body io.Reader, buf []byte) (int, error) {
-	ex.timer.Reset(ex.p.cfg.BodyTimeout)
+	if !ex.armBodyTimer() {
+		return 0, errTimeout
+	}
 	n, err := body.Read(buf)
 	ex.timer.Stop()
 	ex.respBytes += int64(n)
 	return n, err
+}
+
+// armBodyTimer arms the watchdog for the next read of the body: for
+// BodyTimeout, or less when the answer's total time or its minimum rate
+// runs out first. When one has run out already it ends the exchange and
+// reports false. Called on the handler goroutine once the headers are in.
+func (ex *exchange) armBodyTimer() bool {
+	cfg := &ex.p.cfg
+	now := time.Now()
+	d, b := cfg.BodyTimeout, boundStall
+	if left := ex.sent.Add(cfg.TotalTimeout).Sub(now); left < d {
+		d, b = left, boundTotal
+	}
+	// The next byte is due when the bytes so far, one more, would make
+	// the average since MinRateAfter exactly MinRate.
+	due := ex.headersAt.Add(cfg.MinRateAfter + time.Duration(float64(ex.respBytes+1)*float64(time.Second)/float64(cfg.MinRate)))
+	if left := due.Sub(now); left < d {
+		d, b = left, boundRate
+	}
+	ex.armed.Store(int32(b))
+	if d <= 0 {
+		ex.cancel(errTimeout)
+		return false
+	}
+	ex.timer.Reset(d)
+	return true
 }
 
 // failure classifies an error from the upstream exchange.
@@ -417,14 +507,7 @@ func (ex *exchange) failure(err error) *Error {
 	case ex.reqBody != nil && ex.reqBody.tooLarge.Load():
 		return newError(ErrRequestTooLarge, nil, "request body is larger than %d bytes", ex.reqBody.limit)
 	case context.Cause(ex.ctx) == errTimeout:
-		ex.log(slog.LevelWarn, "upstream timeout", "error", err)
-		if ex.status != 0 || ex.respBytes > 0 {
-			return newError(ErrUpstreamTimeout, err, "upstream service stalled for %s while sending its answer", ex.p.cfg.BodyTimeout)
-		}
-		if ex.gotHeaders() {
-			return newError(ErrUpstreamTimeout, err, "upstream service sent no body within %s", ex.p.cfg.BodyTimeout)
-		}
-		return newError(ErrUpstreamTimeout, err, "upstream service did not answer within %s", ex.p.cfg.HeaderTimeout)
+		return ex.timedOut(err)
 	case ex.client.Err() != nil:
 		return newError(ErrCanceled, err, "client went away")
 	case ex.gotHeaders():
@@ -433,6 +516,37 @@ func (ex *exchange) failure(err error) *Error {
 	default:
 		ex.log(slog.LevelWarn, "upstream unreachable", "error", err)
 		return newError(ErrUpstreamFailure, err, "upstream service unreachable")
+	}
+}
+
+// timedOut is the error of an exchange the watchdog ended.
+func (ex *exchange) timedOut(err error) *Error {
+	cfg := &ex.p.cfg
+	ex.log(slog.LevelWarn, "upstream timeout", "error", err, "bound", bound(ex.armed.Load()), "bytes", ex.respBytes)
+	switch {
+	case bound(ex.armed.Load()) == boundTotal:
+		return newError(ErrUpstreamTimeout, err, "upstream service did not finish its answer within %s", cfg.TotalTimeout)
+	case bound(ex.armed.Load()) == boundRate:
+		return newError(ErrUpstreamTimeout, err, "upstream service sent its answer slower than %d bytes a second", cfg.MinRate)
+	case ex.status != 0 || ex.respBytes > 0:
+		return newError(ErrUpstreamTimeout, err, "upstream service stalled for %s while sending its answer", cfg.BodyTimeout)
+	case ex.gotHeaders():
+		return newError(ErrUpstreamTimeout, err, "upstream service sent no body within %s", cfg.BodyTimeout)
+	default:
+		return newError(ErrUpstreamTimeout, err, "upstream service did not answer within %s", cfg.HeaderTimeout)
+	}
+}
+
+func (b bound) String() string {
+	switch b {
+	case boundHeaders:
+		return "headers"
+	case boundStall:
+		return "stall"
+	case boundTotal:
+		return "total"
+	default:
+		return "rate"
 	}
 }
 

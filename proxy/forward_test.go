@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
 	"net/http"
@@ -141,8 +142,23 @@ func TestUpstreamStatuses(t *testing.T) {
 		case "500":
 			w.WriteHeader(500)
 			_, _ = io.WriteString(w, `{"error":"InternalServerError","message":"db down\u0000"}`)
+		case "501":
+			w.WriteHeader(501)
+			_, _ = io.WriteString(w, `{"error":"MethodNotImplemented","message":"Method Not Implemented"}`)
+		case "502":
+			w.WriteHeader(502)
+			_, _ = io.WriteString(w, `{"error":"UpstreamFailure","message":"the feed generator is down"}`)
 		case "503":
 			w.WriteHeader(503)
+		case "504":
+			w.Header().Set("Content-Encoding", "gzip")
+			w.WriteHeader(504)
+			zw := gzip.NewWriter(w)
+			_, _ = io.WriteString(zw, `{"error":"UpstreamTimeout","message":"the feed generator timed out"}`)
+			_ = zw.Close()
+		case "599":
+			w.WriteHeader(599)
+			_, _ = io.WriteString(w, `not json`)
 		case "redirect":
 			http.Redirect(w, r, elsewhere.URL+"/xrpc/app.bsky.feed.getTimeline", http.StatusFound)
 		}
@@ -161,9 +177,22 @@ func TestUpstreamStatuses(t *testing.T) {
 	require.Equal(t, "UpstreamFailure", r.err["error"])
 	require.Contains(t, r.err["message"], "db down")
 	require.NotContains(t, r.err["message"], "\x00")
-	r = f.get(t, "app.bsky.feed.getPostThread?case=503", nil)
-	require.Equal(t, 502, r.status)
-	require.Equal(t, "UpstreamFailure", r.err["error"])
+	// Every other server error is passed on, as the reference PDS does:
+	// its status, and its error name and message (or the status's own).
+	for _, tc := range []struct {
+		status        int
+		name, message string
+	}{
+		{501, "MethodNotImplemented", "Method Not Implemented"},
+		{502, "UpstreamFailure", "the feed generator is down"},
+		{503, "NotEnoughResources", "upstream service answered 503 Service Unavailable"},
+		{504, "UpstreamTimeout", "the feed generator timed out"},
+		{599, "UpstreamFailure", "upstream service answered 599 "},
+	} {
+		r = f.get(t, "app.bsky.feed.getPostThread?case="+strconv.Itoa(tc.status), nil)
+		require.Equal(t, tc.status, r.status)
+		require.Equal(t, map[string]string{"error": tc.name, "message": tc.message}, r.err)
+	}
 
 	r = f.get(t, "app.bsky.feed.getPostThread?case=redirect", nil)
 	require.Equal(t, 502, r.status)
@@ -281,6 +310,69 @@ func TestTimeouts(t *testing.T) {
 	_, err = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Error(t, err, "a stall after the body started aborts the transfer")
+}
+
+// trickler answers 200 at once, then a byte every 20 ms until the
+// request ends, and reports on ended when it does.
+func trickler(t *testing.T, ended chan<- struct{}) *upstream {
+	return newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		defer func() { ended <- struct{}{} }()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, err := io.WriteString(w, " "); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// An answer that keeps moving, a byte at a time, is cut off at its total
+// deadline, and one that moves too slowly at its minimum rate, however
+// short each wait between bytes: the client sees a broken transfer and
+// the upstream's request ends. Without either bound the trickle would
+// hold the request until the client gave up.
+func TestAnswerDeadlines(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"total", Config{TotalTimeout: 300 * time.Millisecond, MinRate: 1}},
+		{"rate", Config{MinRate: 1000, MinRateAfter: 100 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ended := make(chan struct{}, 1)
+			up := trickler(t, ended)
+			cfg := tc.cfg
+			cfg.AppViewURL, cfg.AppViewDID = up.URL, appViewDID
+			f := newFront(t, cfg, Caller{})
+			client := &http.Client{Transport: f.Client().Transport, Timeout: 20 * time.Second}
+			resp, err := client.Get(f.URL + "/xrpc/app.bsky.feed.getTimeline")
+			require.NoError(t, err)
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Error(t, err, "the transfer is broken off")
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "by the proxy, not by the client giving up")
+			select {
+			case <-ended:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the upstream request was never ended")
+			}
+			var m dto.Metric
+			require.NoError(t, f.p.metrics.requests.WithLabelValues("appview", "504").Write(&m))
+			require.Equal(t, 1.0, m.GetCounter().GetValue(), "counted as a timeout")
+		})
+	}
 }
 
 func TestClientCancelPropagates(t *testing.T) {

@@ -30,7 +30,7 @@ func mungeAuthorFeed(v *viewer, body map[string]any, q url.Values) bool {
 	}
 	changed := v.refreshAuthors(feed)
 	if q.Get("cursor") == "" {
-		out, inserted := v.insertPosts(feed, filterPosts(v.posts, q.Get("filter"), v.did))
+		out, inserted := v.insertPosts(feed, filterPosts(v.posts, q.Get("filter"), v.did, v.video(false, v.did, "x") != ""))
 		feed, changed = out, changed || inserted
 	}
 	body["feed"] = feed
@@ -58,50 +58,6 @@ func (v *viewer) refreshAuthors(feed []any) bool {
 		}
 	}
 	return changed
-}
-
-// mungePostThread adds the caller's new replies to a thread.
-func mungePostThread(v *viewer, body map[string]any, _ url.Values) bool {
-	thread := asMap(body["thread"])
-	if thread == nil || thread["$type"] != threadViewPostType {
-		return false
-	}
-	anchor := asMap(thread["post"])
-	anchorURI, _ := anchor["uri"].(string)
-	anchorRoot, _ := replyRefs(asMap(anchor["record"]))
-	changed := false
-	for _, lp := range v.posts {
-		root, parent := replyRefs(lp.value)
-		if root == "" || (root != anchorURI && root != anchorRoot) {
-			continue
-		}
-		if v.insertReply(thread, lp, parent) {
-			changed = true
-		}
-	}
-	return changed
-}
-
-// insertReply puts lp first among the replies of the post it answers,
-// wherever that is below view.
-func (v *viewer) insertReply(view map[string]any, lp localPost, parent string) bool {
-	replies, _ := view["replies"].([]any)
-	if uri, _ := asMap(view["post"])["uri"].(string); uri == parent {
-		for _, r := range replies {
-			if u, _ := asMap(asMap(r)["post"])["uri"].(string); u == lp.uri {
-				return false
-			}
-		}
-		reply := map[string]any{"$type": threadViewPostType, "post": v.postView(lp)}
-		view["replies"] = append([]any{reply}, replies...)
-		return true
-	}
-	for _, r := range replies {
-		if m := asMap(r); m != nil && m["$type"] == threadViewPostType && v.insertReply(m, lp, parent) {
-			return true
-		}
-	}
-	return false
 }
 
 // mungeProfile refreshes the caller's own profile view.

@@ -22,6 +22,9 @@ const (
 const (
 	DefaultHeaderTimeout    = 10 * time.Second
 	DefaultBodyTimeout      = 30 * time.Second
+	DefaultTotalTimeout     = 60 * time.Second
+	DefaultMinRate          = 8 << 10
+	DefaultMinRateAfter     = 10 * time.Second
 	DefaultMaxResponseBytes = 10 << 20
 	DefaultMaxRequestBytes  = 2 << 20
 	// DefaultMaxBlobRequestBytes matches Bulwark's uploadBlob limit.
@@ -71,6 +74,17 @@ type Config struct {
 	// BodyTimeout bounds each wait for more of the upstream's response
 	// body (default DefaultBodyTimeout).
 	BodyTimeout time.Duration
+	// TotalTimeout bounds the whole answer, from the moment the request
+	// has been sent to the last byte of the response (default
+	// DefaultTotalTimeout): a service that keeps sending a byte now and
+	// then cannot hold a request, and what it reserved, for longer.
+	TotalTimeout time.Duration
+	// MinRate is the slowest average rate, in bytes a second, an answer's
+	// body may arrive at once MinRateAfter has passed since its headers
+	// (defaults DefaultMinRate and DefaultMinRateAfter). An answer that
+	// falls behind is cut off as a timeout.
+	MinRate      int64
+	MinRateAfter time.Duration
 	// MaxResponseBytes bounds an upstream response body (default
 	// DefaultMaxResponseBytes).
 	MaxResponseBytes int64
@@ -98,6 +112,14 @@ type Config struct {
 	// https://cdn.bsky.app/img/%s/plain/%s/%s@jpeg.
 	CDNURLPattern string
 
+	// VideoPlaylistPattern and VideoThumbnailPattern build the URLs of a
+	// read-after-write video view with fmt.Sprintf(pattern, did, cid),
+	// both path-escaped, as the app view builds its own (for Bluesky's,
+	// https://video.bsky.app/watch/%s/%s/playlist.m3u8 and
+	// .../thumbnail.jpg). Empty: spliced posts carry no video view.
+	VideoPlaylistPattern  string
+	VideoThumbnailPattern string
+
 	// UserAgent is sent upstream (default DefaultUserAgent).
 	UserAgent string
 	// Registerer receives the proxy's metrics; nil registers nothing.
@@ -123,6 +145,10 @@ type Target struct {
 	DID syntax.DID
 	// ServiceID is the DID-document service id, without '#'.
 	ServiceID string
+	// Configured is true for the operator's services (the app view, the
+	// moderation and report services), false for a service an
+	// atproto-proxy header names, which anyone may run.
+	Configured bool
 }
 
 // New checks cfg and returns a Proxy.
@@ -167,6 +193,9 @@ func setDefaults(cfg *Config) {
 	}
 	def(&cfg.HeaderTimeout, DefaultHeaderTimeout)
 	def(&cfg.BodyTimeout, DefaultBodyTimeout)
+	def(&cfg.TotalTimeout, DefaultTotalTimeout)
+	def(&cfg.MinRateAfter, DefaultMinRateAfter)
+	def64(&cfg.MinRate, DefaultMinRate)
 	def(&cfg.FeedCacheTTL, DefaultFeedCacheTTL)
 	def64(&cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	def64(&cfg.MaxRequestBytes, DefaultMaxRequestBytes)
@@ -233,7 +262,7 @@ func (p *Proxy) configured(nsid syntax.NSID, url string, did syntax.DID, id stri
 	if url == "" {
 		return Target{}, newError(ErrNotConfigured, nil, "no service configured for %s", nsid)
 	}
-	return Target{URL: url, DID: did, ServiceID: id}, nil
+	return Target{URL: url, DID: did, ServiceID: id, Configured: true}, nil
 }
 
 func (p *Proxy) headerTarget(ctx context.Context, header string) (Target, error) {
@@ -242,7 +271,7 @@ func (p *Proxy) headerTarget(ctx context.Context, header string) (Target, error)
 		return Target{}, err
 	}
 	if p.cfg.AppViewURL != "" && did == p.cfg.AppViewDID && id == AppViewServiceID {
-		return Target{URL: p.cfg.AppViewURL, DID: did, ServiceID: id}, nil
+		return Target{URL: p.cfg.AppViewURL, DID: did, ServiceID: id, Configured: true}, nil
 	}
 	if p.cfg.Resolver == nil {
 		return Target{}, newError(ErrUnknownDID, nil, "could not resolve proxy DID %s", did)
@@ -251,7 +280,13 @@ func (p *Proxy) headerTarget(ctx context.Context, header string) (Target, error)
 	if err != nil {
 		return Target{}, asError(err, ErrResolution, "could not resolve proxy DID %s", did)
 	}
-	return Target{URL: strings.TrimSuffix(endpoint, "/"), DID: did, ServiceID: id}, nil
+	t := Target{URL: strings.TrimSuffix(endpoint, "/"), DID: did, ServiceID: id}
+	// A header that names an operator's service where the operator
+	// configured it goes there as configured.
+	t.Configured = (t.URL == p.cfg.ModerationURL && did == p.cfg.ModerationDID) ||
+		(t.URL == p.cfg.ReportURL && did == p.cfg.ReportDID) ||
+		(t.URL == p.cfg.AppViewURL && did == p.cfg.AppViewDID)
+	return t, nil
 }
 
 // asError passes an *Error through and wraps anything else (a Resolver
@@ -271,20 +306,26 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, nsid syntax.NSID, 
 	if err := Check(nsid, c); err != nil {
 		return err
 	}
+	t, err := p.RequestTarget(r, nsid)
+	if err != nil {
+		return err
+	}
+	return p.Forward(w, r, nsid, t, c)
+}
+
+// RequestTarget is Target for r: its atproto-proxy header, of which there
+// may be at most one, not empty.
+func (p *Proxy) RequestTarget(r *http.Request, nsid syntax.NSID) (Target, error) {
 	headers := r.Header.Values(HeaderName)
 	if len(headers) > 1 {
-		return newError(ErrBadHeader, nil, "more than one atproto-proxy header")
+		return Target{}, newError(ErrBadHeader, nil, "more than one atproto-proxy header")
 	}
 	var header string
 	if len(headers) == 1 {
 		header = headers[0]
 		if header == "" {
-			return newError(ErrBadHeader, nil, "empty atproto-proxy header")
+			return Target{}, newError(ErrBadHeader, nil, "empty atproto-proxy header")
 		}
 	}
-	t, err := p.Target(r.Context(), nsid, header)
-	if err != nil {
-		return err
-	}
-	return p.Forward(w, r, nsid, t, c)
+	return p.Target(r.Context(), nsid, header)
 }

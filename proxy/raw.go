@@ -120,7 +120,7 @@ func (ex *exchange) readAfterWrite(w http.ResponseWriter, r *http.Request, resp 
 	if err != nil {
 		return err
 	}
-	out, lag := ex.p.splice(r.Context(), raw, resp.Header.Get("Content-Encoding"), r.URL.Query(), rawMethods[ex.nsid], c.DID, rev)
+	out, lag := ex.p.splice(r.Context(), raw, resp.Header.Get("Content-Encoding"), r.URL.Query(), rawMethods[ex.nsid], c, rev)
 	if out == nil {
 		ex.writeHeader(w, resp)
 		_, _ = w.Write(raw) // a failed write means the client left
@@ -132,13 +132,20 @@ func (ex *exchange) readAfterWrite(w http.ResponseWriter, r *http.Request, resp 
 			h[name] = append([]string(nil), v...)
 		}
 	}
+	ex.writeMunged(w, out, lag)
+	return nil
+}
+
+// writeMunged answers 200 with out, a JSON body built here, and how far
+// behind the upstream was.
+func (ex *exchange) writeMunged(w http.ResponseWriter, out []byte, lag time.Duration) {
+	h := w.Header()
 	h.Set("Content-Type", "application/json; charset=utf-8")
 	h.Set("Content-Length", strconv.Itoa(len(out)))
 	h.Set(UpstreamLagHeader, strconv.FormatInt(lag.Milliseconds(), 10))
-	ex.status = resp.StatusCode
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(out)
-	return nil
+	ex.status = http.StatusOK
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out) // a failed write means the client left
 }
 
 // readAll reads a whole upstream body under the watchdog, within
@@ -164,13 +171,9 @@ func (ex *exchange) readAll(body io.Reader) ([]byte, error) {
 
 // splice returns the munged body and the upstream's lag, or nil to send
 // the original.
-func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.Values, munge munger, did syntax.DID, rev string) ([]byte, time.Duration) {
-	local, err := p.cfg.Local.RecordsSince(ctx, did, rev)
-	if err != nil {
-		p.logger.Warn("read-after-write: local records lookup failed", "did", did, "error", err)
-		return nil, 0
-	}
-	if local == nil || (len(local.Posts) == 0 && !local.ProfileChanged) {
+func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.Values, munge munger, c Caller, rev string) ([]byte, time.Duration) {
+	local := p.recordsSince(ctx, c.DID, rev)
+	if local == nil {
 		return nil, 0
 	}
 	plain, err := p.decode(raw, encoding)
@@ -181,18 +184,42 @@ func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.V
 	if err != nil {
 		return nil, 0
 	}
-	v := p.newViewer(did, local)
+	v, done := p.newViewer(ctx, c, local)
+	defer done()
 	if !munge(v, body, q) {
 		return nil, 0
 	}
+	out := p.encode(c.DID, body)
+	if out == nil {
+		return nil, 0
+	}
+	return out, local.lag(time.Now())
+}
+
+// recordsSince is LocalState.RecordsSince, nil when there is nothing to
+// splice or the lookup failed (logged).
+func (p *Proxy) recordsSince(ctx context.Context, did syntax.DID, rev string) *LocalRecords {
+	local, err := p.cfg.Local.RecordsSince(ctx, did, rev)
+	if err != nil {
+		p.logger.Warn("read-after-write: local records lookup failed", "did", did, "error", err)
+		return nil
+	}
+	if local == nil || (len(local.Posts) == 0 && !local.ProfileChanged) {
+		return nil
+	}
+	return local
+}
+
+// encode is body as JSON without HTML escaping, nil if it cannot be.
+func (p *Proxy) encode(did syntax.DID, body map[string]any) []byte {
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(body); err != nil {
 		p.logger.Warn("read-after-write: encoding failed", "did", did, "error", err)
-		return nil, 0
+		return nil
 	}
-	return out.Bytes(), local.lag(time.Now())
+	return out.Bytes()
 }
 
 // decode undoes the content encoding the upstream chose among those

@@ -149,7 +149,7 @@ func TestReadAfterWriteTimeline(t *testing.T) {
 		require.Equal(t, string(callerDID), author["did"])
 		require.Equal(t, "me.test", author["handle"])
 		require.Equal(t, "Me <new>", author["displayName"])
-		require.Equal(t, "https://pds.test/xrpc/com.atproto.sync.getBlob?did="+"did%3Aplc%3Acaller00000000000000000"+"&cid="+blobCID, author["avatar"])
+		require.Equal(t, "https://pds.test/xrpc/com.atproto.sync.getBlob?did="+string(callerDID)+"&cid="+blobCID, author["avatar"], "as the reference PDS forms it")
 		embed := asMap(post["embed"])
 		require.Equal(t, "app.bsky.embed.images#view", embed["$type"])
 		img := asMap(embed["images"].([]any)[0])

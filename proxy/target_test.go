@@ -56,6 +56,7 @@ func TestTargetRouting(t *testing.T) {
 	t.Parallel()
 	res := &stubResolver{services: map[syntax.DID]map[string]string{
 		chatDID:    {"bsky_chat": "https://chat.test"},
+		modDID:     {"atproto_labeler": "https://mod.test"},
 		appViewDID: {"bsky_notif": "https://notif.test"},
 	}}
 	full := Config{
@@ -77,13 +78,14 @@ func TestTargetRouting(t *testing.T) {
 		want   Target
 		err    error
 	}{
-		{"app view by default", p, "app.bsky.feed.getTimeline", "", Target{"https://appview.test", appViewDID, "bsky_appview"}, nil},
-		{"unknown namespace to app view", p, "com.example.thing", "", Target{"https://appview.test", appViewDID, "bsky_appview"}, nil},
-		{"ozone to moderation", p, "tools.ozone.moderation.queryStatuses", "", Target{"https://mod.test", modDID, "atproto_labeler"}, nil},
-		{"report to report service", p, "com.atproto.moderation.createReport", "", Target{"https://reports.test", reportDID, "atproto_labeler"}, nil},
-		{"header naming the app view", p, "app.bsky.feed.getTimeline", "did:web:appview.test#bsky_appview", Target{"https://appview.test", appViewDID, "bsky_appview"}, nil},
-		{"header naming chat", p, "chat.bsky.convo.listConvos", "did:web:chat.test#bsky_chat", Target{"https://chat.test", chatDID, "bsky_chat"}, nil},
-		{"app view DID, other service", p, "app.bsky.notification.registerPush", "did:web:appview.test#bsky_notif", Target{"https://notif.test", appViewDID, "bsky_notif"}, nil},
+		{"app view by default", p, "app.bsky.feed.getTimeline", "", Target{"https://appview.test", appViewDID, "bsky_appview", true}, nil},
+		{"unknown namespace to app view", p, "com.example.thing", "", Target{"https://appview.test", appViewDID, "bsky_appview", true}, nil},
+		{"ozone to moderation", p, "tools.ozone.moderation.queryStatuses", "", Target{"https://mod.test", modDID, "atproto_labeler", true}, nil},
+		{"report to report service", p, "com.atproto.moderation.createReport", "", Target{"https://reports.test", reportDID, "atproto_labeler", true}, nil},
+		{"header naming the app view", p, "app.bsky.feed.getTimeline", "did:web:appview.test#bsky_appview", Target{"https://appview.test", appViewDID, "bsky_appview", true}, nil},
+		{"header naming the moderation service", p, "com.atproto.moderation.createReport", "did:plc:moderation0000000000000#atproto_labeler", Target{"https://mod.test", modDID, "atproto_labeler", true}, nil},
+		{"header naming chat", p, "chat.bsky.convo.listConvos", "did:web:chat.test#bsky_chat", Target{"https://chat.test", chatDID, "bsky_chat", false}, nil},
+		{"app view DID, other service", p, "app.bsky.notification.registerPush", "did:web:appview.test#bsky_notif", Target{"https://notif.test", appViewDID, "bsky_notif", false}, nil},
 		{"unknown DID", p, "chat.bsky.convo.listConvos", "did:web:nobody.test#bsky_chat", Target{}, ErrUnknownDID},
 		{"unknown service", p, "chat.bsky.convo.listConvos", "did:web:chat.test#bsky_nope", Target{}, ErrUnknownService},
 		{"bad header", p, "chat.bsky.convo.listConvos", "did:web:chat.test", Target{}, ErrBadHeader},

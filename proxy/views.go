@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"slices"
@@ -12,15 +13,15 @@ import (
 
 // View shapes follow the reference PDS's read-after-write LocalViewer:
 // a post authored by the caller, counts at zero, the author built from the
-// local profile, image and external embeds rendered, others left out
-// (rendering them needs app view lookups).
+// local profile, its embed rendered as the app view renders it (embeds.go).
 
 const (
 	threadViewPostType = "app.bsky.feed.defs#threadViewPost"
 	invalidHandle      = "handle.invalid"
 )
 
-// viewer renders the caller's local records as app view objects.
+// viewer renders the caller's local records as app view objects. It is
+// used by one goroutine.
 type viewer struct {
 	did            syntax.DID
 	handle         string
@@ -28,6 +29,14 @@ type viewer struct {
 	profileChanged bool
 	posts          []localPost // oldest first
 	image          func(kind string, did syntax.DID, cid string) string
+	// video builds a video view's playlist and thumbnail URLs ("" when
+	// no pattern is configured).
+	video func(thumbnail bool, did syntax.DID, cid string) string
+	// call asks the configured app view for the caller (nil: no app view).
+	call appViewCall
+	// records are the app view's views of the records the posts embed,
+	// by URI, fetched at the first embed that needs one.
+	records map[string]map[string]any
 }
 
 type localPost struct {
@@ -36,8 +45,12 @@ type localPost struct {
 	value map[string]any
 }
 
-func (p *Proxy) newViewer(did syntax.DID, local *LocalRecords) *viewer {
-	v := &viewer{did: did, handle: local.Handle, image: p.imageURL}
+// newViewer returns a viewer for c's local records, whose app view
+// lookups end when done is called.
+func (p *Proxy) newViewer(ctx context.Context, c Caller, local *LocalRecords) (v *viewer, done func()) {
+	v = &viewer{did: c.DID, handle: local.Handle, image: p.imageURL, video: p.videoURL}
+	// A parent thread (getPostThread) may be as large as any answer.
+	v.call, done = p.appViewCaller(ctx, c, p.cfg.MaxResponseBytes)
 	if v.handle == "" {
 		v.handle = invalidHandle
 	}
@@ -56,31 +69,45 @@ func (p *Proxy) newViewer(did syntax.DID, local *LocalRecords) *viewer {
 			v.posts = append(v.posts, localPost{rec: rec, uri: rec.URI.String(), value: m})
 		}
 	}
-	return v
+	return v, done
 }
 
 // imageURL is where a client fetches the caller's blob cid as kind
-// (avatar, banner, feed_thumbnail, feed_fullsize); "" when unknown.
+// (avatar, banner, feed_thumbnail, feed_fullsize); "" when unknown. As the
+// reference PDS forms it: the app view's CDN when a pattern is set, else
+// this server's getBlob with the DID as it is (a did:plc needs no
+// escaping in a query).
 func (p *Proxy) imageURL(kind string, did syntax.DID, cid string) string {
 	if p.cfg.CDNURLPattern != "" {
 		return fmt.Sprintf(p.cfg.CDNURLPattern, kind, did, cid)
 	}
 	if p.cfg.PublicURL != "" {
-		return p.cfg.PublicURL + "/xrpc/com.atproto.sync.getBlob?did=" + url.QueryEscape(string(did)) + "&cid=" + cid
+		d := string(did)
+		if strings.ContainsAny(d, "%&#+ ") {
+			d = url.QueryEscape(d)
+		}
+		return p.cfg.PublicURL + "/xrpc/com.atproto.sync.getBlob?did=" + d + "&cid=" + cid
 	}
 	return ""
 }
 
+// videoURL is a video view's playlist (or thumbnail) URL for the caller's
+// video blob cid, as the app view forms them; "" without a pattern.
+func (p *Proxy) videoURL(thumbnail bool, did syntax.DID, cid string) string {
+	pattern := p.cfg.VideoPlaylistPattern
+	if thumbnail {
+		pattern = p.cfg.VideoThumbnailPattern
+	}
+	if pattern == "" {
+		return ""
+	}
+	return fmt.Sprintf(pattern, url.QueryEscape(string(did)), url.QueryEscape(cid))
+}
+
 // blobURL is the image URL of a blob reference (current or legacy form).
 func (v *viewer) blobURL(kind string, blob any) string {
-	m, _ := blob.(map[string]any)
-	var link string
-	if ref, ok := m["ref"].(map[string]any); ok {
-		link, _ = ref["$link"].(string)
-	} else {
-		link, _ = m["cid"].(string)
-	}
-	if _, err := syntax.ParseCID(link); err != nil {
+	link := blobLink(blob)
+	if link == "" {
 		return ""
 	}
 	return v.image(kind, v.did, link)
@@ -153,43 +180,6 @@ func (v *viewer) postView(lp localPost) map[string]any {
 	return view
 }
 
-// embedView renders image and external embeds; nil for anything else.
-func (v *viewer) embedView(embed any) map[string]any {
-	m, _ := embed.(map[string]any)
-	switch m["$type"] {
-	case "app.bsky.embed.images":
-		imgs, _ := m["images"].([]any)
-		out := make([]any, 0, len(imgs))
-		for _, it := range imgs {
-			img, _ := it.(map[string]any)
-			thumb, full := v.blobURL("feed_thumbnail", img["image"]), v.blobURL("feed_fullsize", img["image"])
-			if thumb == "" || full == "" {
-				return nil
-			}
-			iv := map[string]any{"thumb": thumb, "fullsize": full, "alt": img["alt"]}
-			if iv["alt"] == nil {
-				iv["alt"] = ""
-			}
-			if ar, ok := img["aspectRatio"]; ok {
-				iv["aspectRatio"] = ar
-			}
-			out = append(out, iv)
-		}
-		return map[string]any{"$type": "app.bsky.embed.images#view", "images": out}
-	case "app.bsky.embed.external":
-		ext, _ := m["external"].(map[string]any)
-		if ext == nil {
-			return nil
-		}
-		ev := map[string]any{"uri": ext["uri"], "title": ext["title"], "description": ext["description"]}
-		if u := v.blobURL("feed_thumbnail", ext["thumb"]); u != "" {
-			ev["thumb"] = u
-		}
-		return map[string]any{"$type": "app.bsky.embed.external#view", "external": ev}
-	}
-	return nil
-}
-
 func asMap(v any) map[string]any {
 	m, _ := v.(map[string]any)
 	return m
@@ -247,7 +237,9 @@ func (v *viewer) insertPosts(feed []any, posts []localPost) ([]any, bool) {
 }
 
 // filterPosts applies getAuthorFeed's filter parameter to local posts.
-func filterPosts(posts []localPost, filter string, did syntax.DID) []localPost {
+// Posts with video are kept for posts_with_video only when video views
+// can be rendered.
+func filterPosts(posts []localPost, filter string, did syntax.DID, video bool) []localPost {
 	keep := func(lp localPost) bool {
 		root, _ := replyRefs(lp.value)
 		switch filter {
@@ -255,10 +247,10 @@ func filterPosts(posts []localPost, filter string, did syntax.DID) []localPost {
 			return root == ""
 		case "posts_with_media":
 			embed := asMap(lp.value["embed"])
-			return embed["$type"] == "app.bsky.embed.images" ||
-				asMap(embed["media"])["$type"] == "app.bsky.embed.images"
+			return embed["$type"] == imagesEmbed || asMap(embed["media"])["$type"] == imagesEmbed
 		case "posts_with_video":
-			return false // video views need the app view
+			embed := asMap(lp.value["embed"])
+			return video && (embed["$type"] == videoEmbed || asMap(embed["media"])["$type"] == videoEmbed)
 		case "posts_and_author_threads":
 			return root == "" || strings.HasPrefix(root, "at://"+string(did)+"/")
 		default:

@@ -71,26 +71,3 @@ SELECT bulwark_commit(
     p_up_cols => $12, p_up_rkeys => $13, p_up_cids => $14, p_up_data => $15,
     p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
     p_fresh_nodes => $22);
-
--- name: GetRev
-SELECT rev FROM repo_roots WHERE did = $1;
-
--- name: PostsSince
--- An account's newest posts written after a revision, for read-after-write.
--- TIDs sort as text. The primary key narrows this to the account's posts;
--- rev is then checked row by row, which is cheap for the accounts people
--- have and is asked only while an app view lags behind a write.
-SELECT rkey, cid, rev, data FROM records
-WHERE did = $1 AND collection = 'app.bsky.feed.post' AND rev > $2
-ORDER BY rev DESC, rkey DESC
-LIMIT $3;
-
--- name: ProfileSince
--- An account's current profile record (no row when it has none), and
--- whether any of its records was written at or before a revision: when none
--- was, the revision predates the repository here (an account that migrated
--- in), and what looks newer is not news to the caller.
-SELECT p.cid, p.rev, p.data,
-       EXISTS (SELECT 1 FROM records o WHERE o.did = $1 AND o.rev <= $2)
-FROM (SELECT 1) AS one
-LEFT JOIN records p ON p.did = $1 AND p.collection = 'app.bsky.actor.profile' AND p.rkey = 'self';

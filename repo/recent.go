@@ -2,6 +2,7 @@ package repo
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 
@@ -12,10 +13,14 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 )
 
+//go:embed recent.sql
+var recentSQL string
+
 var (
-	qGetRev       = queries.MustGet("GetRev")
-	qPostsSince   = queries.MustGet("PostsSince")
-	qProfileSince = queries.MustGet("ProfileSince")
+	recentQueries = db.MustParseQueries(recentSQL)
+	qGetRev       = recentQueries.MustGet("GetRev")
+	qPostsSince   = recentQueries.MustGet("PostsSince")
+	qProfileSince = recentQueries.MustGet("ProfileSince")
 )
 
 // Collections read-after-write looks at.
@@ -67,10 +72,12 @@ func rev(ctx context.Context, q db.DBTX, did syntax.DID) (string, error) {
 // RecordsSince returns did's posts (the newest limit of them) and profile
 // written after since (a TID), for splicing into an app view's answers
 // that do not show them yet. It returns nil when nothing was written after
-// since, and nil when since is older than every record the repository
-// holds here: the revision is then another server's (the account migrated
-// in, and its imported records carry this server's newer revisions), so
-// none of them is news.
+// since, when did has no repository here, and when since is older than
+// the repository's first commit here: the revision is then another
+// server's (the account moved in, and its imported records carry this
+// server's newer revisions), so none of them is news. A revision at or
+// after the first commit is this repository's, even one from before its
+// first record (a new account's genesis).
 func (e *Engine) RecordsSince(ctx context.Context, did syntax.DID, since string, limit int) (*Recent, error) {
 	return recordsSince(ctx, e.pool, did, since, limit)
 }
@@ -79,21 +86,17 @@ func recordsSince(ctx context.Context, q db.DBTX, did syntax.DID, since string, 
 	if _, err := syntax.ParseTID(since); err != nil {
 		return nil, fmt.Errorf("repo: revision %q is not a TID", since)
 	}
-	var out Recent
-	if limit > 0 {
-		posts, err := postsSince(ctx, q, did, since, limit)
-		if err != nil {
-			return nil, err
-		}
-		out.Posts = posts
-	}
 	var rawCID, data []byte
 	var profileRev *string
 	var known bool
-	err := q.QueryRow(ctx, qProfileSince, did.String(), since).Scan(&rawCID, &profileRev, &data, &known)
-	if err != nil {
-		return nil, fmt.Errorf("reading profile: %w", db.Translate(err))
+	err := db.Translate(q.QueryRow(ctx, qProfileSince, did.String(), since).Scan(&rawCID, &profileRev, &data, &known))
+	switch {
+	case errors.Is(err, db.ErrNotFound), err == nil && !known:
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading profile: %w", err)
 	}
+	var out Recent
 	if profileRev != nil {
 		c, err := cid.Cast(rawCID)
 		if err != nil {
@@ -102,7 +105,14 @@ func recordsSince(ctx context.Context, q db.DBTX, did syntax.DID, since string, 
 		out.Profile = &RevRecord{Record: Record{Collection: profileCollection, RKey: profileRKey, CID: c, Data: data}, Rev: *profileRev}
 		out.ProfileChanged = *profileRev > since
 	}
-	if !known || (len(out.Posts) == 0 && !out.ProfileChanged) {
+	if limit > 0 {
+		posts, err := postsSince(ctx, q, did, since, limit)
+		if err != nil {
+			return nil, err
+		}
+		out.Posts = posts
+	}
+	if len(out.Posts) == 0 && !out.ProfileChanged {
 		return nil, nil
 	}
 	return &out, nil

@@ -2,7 +2,9 @@
 # End-to-end service proxying with the reference client library
 # (@atproto/api, from npm): getTimeline, getProfile, getFeed,
 # listNotifications, chat.bsky.convo.listConvos (atproto-proxy: <chat
-# DID>#bsky_chat), getPreferences/putPreferences, through a local Bulwark
+# DID>#bsky_chat), getPreferences/putPreferences, and read-after-write for
+# a new account (getAuthorFeed and getPostThread of posts with image,
+# video, link and quote embeds the app view has not seen), through a local Bulwark
 # to fake services (internal/cmd/fakeservices) whose DIDs live in the same
 # `bulwark dev-plc` as the account's. The fakes verify every service-auth
 # token with indigo's ServiceAuthValidator and record iss/aud/lxm, which

@@ -12,7 +12,9 @@
 // service checks it. The app view's getFeed checks for the feed
 // generator's audience and lxm app.bsky.feed.getFeedSkeleton, and passes
 // the token on to the generator, as Bluesky's app view does. GET
-// /_recorded on any of them answers what they all recorded, as JSON.
+// /_recorded on any of them answers what they all recorded, as JSON;
+// POST /_repoRev?did=...&rev=... sets the revision the app view claims
+// to have seen of an account (Services.SetRepoRev).
 //
 // The answers are small fixed documents in the lexicons' shapes: enough
 // for a client library to parse, not a social network.

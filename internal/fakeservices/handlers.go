@@ -33,6 +33,12 @@ func (s *Services) mux(svc Service, hs map[string]handler) http.Handler {
 			writeJSON(w, s.Calls())
 			return
 		}
+		if r.URL.Path == "/_repoRev" && r.Method == http.MethodPost {
+			// SetRepoRev for scripts: POST /_repoRev?did=...&rev=...
+			s.SetRepoRev(syntax.DID(r.URL.Query().Get("did")), r.URL.Query().Get("rev"))
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		method := strings.TrimPrefix(r.URL.Path, "/xrpc/")
 		h, ok := hs[method]
 		if !ok {
@@ -85,7 +91,35 @@ func (s *Services) appViewHandlers() map[string]handler {
 		}},
 		"app.bsky.feed.getAuthorFeed": {serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
 			actor := actorDID(r.URL.Query().Get("actor"))
+			if actor == string(caller) && caller != "" {
+				// It has indexed none of the caller's own posts: a new
+				// account's feed, as an app view that lags sees it.
+				s.answer(w, caller, map[string]any{"feed": []any{}})
+				return
+			}
 			s.answer(w, caller, map[string]any{"feed": []any{feedItem(postView(actor, "authored1", "an upstream post by the actor", upstreamTime))}})
+		}},
+		// getPostThread and getPosts know the fake author's posts only:
+		// anyone else's, the caller's new posts included, are not found.
+		"app.bsky.feed.getPostThread": {serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
+			uri, err := syntax.ParseATURI(r.URL.Query().Get("uri"))
+			if err != nil || uri.Authority().String() != fakeAuthor {
+				s.answerError(w, caller, http.StatusBadRequest, "NotFound", "Post not found: "+r.URL.Query().Get("uri"))
+				return
+			}
+			s.answer(w, caller, map[string]any{"thread": map[string]any{
+				"$type": "app.bsky.feed.defs#threadViewPost",
+				"post":  postView(fakeAuthor, uri.RecordKey().String(), "an upstream post", upstreamTime),
+			}})
+		}},
+		"app.bsky.feed.getPosts": {serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
+			posts := []any{}
+			for _, raw := range r.URL.Query()["uris"] {
+				if uri, err := syntax.ParseATURI(raw); err == nil && uri.Authority().String() == fakeAuthor {
+					posts = append(posts, postView(fakeAuthor, uri.RecordKey().String(), "an upstream post", upstreamTime))
+				}
+			}
+			s.answer(w, caller, map[string]any{"posts": posts})
 		}},
 		"app.bsky.actor.getProfile": {serve: func(w http.ResponseWriter, r *http.Request, caller syntax.DID) {
 			s.answer(w, caller, profileDetailed(actorDID(r.URL.Query().Get("actor"))))
@@ -197,6 +231,21 @@ func (s *Services) answer(w http.ResponseWriter, caller syntax.DID, v any) {
 	}
 	writeJSON(w, v)
 }
+
+// answerError writes an XRPC error answer, stamped like answer: an app
+// view's NotFound carries the revision it has seen.
+func (s *Services) answerError(w http.ResponseWriter, caller syntax.DID, status int, name, msg string) {
+	if caller != "" {
+		if rev := s.repoRev(caller); rev != "" {
+			w.Header().Set("Atproto-Repo-Rev", rev)
+		}
+	}
+	writeError(w, status, name, msg)
+}
+
+// FakeAuthor is the DID of the account whose posts the fake app view
+// shows (and finds with getPostThread and getPosts).
+const FakeAuthor = fakeAuthor
 
 // actorDID is the DID an actor parameter names; a handle stands for the
 // fake author.

@@ -65,6 +65,40 @@ await assert.rejects(appAgent.withProxy('bsky_chat', CHAT_DID).chat.bsky.convo.l
 })
 console.log('chat from an app password refused')
 
+// Read-after-write, as a new account meets it: the app view has seen only
+// the genesis commit, and answers the account's own feed empty and its new
+// post NotFound. The posts Bulwark splices in, with their embeds, must be
+// what the lexicons say (the client library checks every answer).
+const genesis = (await agent.com.atproto.sync.getLatestCommit({ did })).data.rev
+assert.equal((await fetch(`${APPVIEW_URL}/_repoRev?did=${did}&rev=${genesis}`, { method: 'POST' })).status, 204)
+const png = Uint8Array.from(atob('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='), (c) => c.charCodeAt(0))
+const image = (await agent.uploadBlob(png, { encoding: 'image/png' })).data.blob
+// The start of an MP4 file (an ftyp box), which is what the server sniffs.
+const mp4 = new Uint8Array([0, 0, 0, 0x18, ...new TextEncoder().encode('ftypmp42'), 0, 0, 0, 0, ...new TextEncoder().encode('mp42isom')])
+const clip = (await agent.uploadBlob(mp4, { encoding: 'video/mp4' })).data.blob
+const quoted = { uri: 'at://did:plc:fakeauthor2345fakeauthor/app.bsky.feed.post/quoted', cid: 'bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm' }
+const embeds = [
+  { $type: 'app.bsky.embed.recordWithMedia', record: { $type: 'app.bsky.embed.record', record: quoted },
+    media: { $type: 'app.bsky.embed.images', images: [{ image, alt: 'a pixel', aspectRatio: { width: 1, height: 1 } }] } },
+  { $type: 'app.bsky.embed.video', video: clip, alt: 'a clip' },
+  { $type: 'app.bsky.embed.external', external: { uri: 'https://example.com/', title: 'Example', description: 'a link', thumb: image } },
+]
+const posts = []
+for (const embed of embeds) {
+  posts.push((await agent.post({ text: 'with ' + embed.$type, embed })).uri)
+}
+const own = await agent.getAuthorFeed({ actor: did })
+assert.deepEqual(own.data.feed.map((f) => f.post.uri), [...posts].reverse())
+assert.ok(own.headers['atproto-upstream-lag'], 'spliced')
+assert.equal(own.data.feed[2].post.embed.$type, 'app.bsky.embed.recordWithMedia#view')
+assert.equal(own.data.feed[2].post.embed.record.record.$type, 'app.bsky.embed.record#viewRecord')
+assert.equal(own.data.feed[1].post.embed.$type, 'app.bsky.embed.video#view')
+assert.equal(own.data.feed[0].post.embed.$type, 'app.bsky.embed.external#view')
+console.log('getAuthorFeed of a new account', own.data.feed.map((f) => f.post.embed.$type))
+const thread = await agent.getPostThread({ uri: posts[0] })
+assert.equal(thread.data.thread.post.uri, posts[0])
+console.log('getPostThread of a new post the app view has not seen', thread.data.thread.$type)
+
 // What the services got: one verified token per call, iss = the account,
 // aud = the service (the feed generator for getFeed), lxm = the method.
 const recorded = await (await fetch(APPVIEW_URL + '/_recorded')).json()
