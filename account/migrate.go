@@ -17,6 +17,7 @@ import (
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/replay"
 )
 
 // Moving an account between servers (goat's `account migrate`): the new
@@ -73,7 +74,7 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 		return nil, nil, ruleErr(ErrUnsupportedDID, "only an existing did:plc can be brought here, not %.100q", in.DID)
 	}
 	in.DID = did.String()
-	if in.ServiceAuth == nil || in.ServiceAuth.Issuer != did {
+	if in.ServiceAuth == nil || in.ServiceAuth.Issuer != did.String() {
 		return nil, nil, fmt.Errorf("account: creating %s needs the service-auth JWT it issued", did)
 	}
 	na, err := s.prepareNew(ctx, in)
@@ -86,7 +87,7 @@ func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account,
 	log := s.log.With("did", did, "handle", na.handle)
 	var sess *Session
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := UseServiceAuth(ctx, tx, *in.ServiceAuth, s.cfg.Now()); err != nil {
+		if err := replay.Record(ctx, tx, *in.ServiceAuth, s.cfg.Now()); err != nil {
 			return err
 		}
 		if err := s.replaceStale(ctx, tx, did, log); err != nil {

@@ -126,8 +126,8 @@ func isServiceAuth(r *http.Request) bool {
 // spentToken is a service-auth token accepted for a call, to be given
 // back (unspend) when the call fails before it stored anything.
 type spentToken struct {
-	s        *Server
-	iss, jti string
+	s   *Server
+	use replay.Use
 }
 
 // unspend forgets the token's use; errors are logged, the token then stays
@@ -138,8 +138,8 @@ func (t *spentToken) unspend(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := t.s.replay.Unspend(ctx, t.iss, t.jti); err != nil {
-		t.s.logger.Warn("could not give back a service-auth token", "did", t.iss, "error", err)
+	if err := t.s.replay.Unspend(ctx, t.use); err != nil {
+		t.s.logger.Warn("could not give back a service-auth token", "did", t.use.Issuer, "error", err)
 	}
 }
 
@@ -188,14 +188,15 @@ func (s *Server) requireUserServiceAuth(r *http.Request, lxm string) (*account.A
 	case a.Status == account.StatusDeactivated:
 		return nil, nil, account.ErrAccountDeactivated
 	}
-	if err := s.replay.Spend(ctx, did.String(), j.jti, exp.Add(serviceAuthLeeway)); err != nil {
+	use := replay.Use{Purpose: lxm, Issuer: did.String(), ID: j.jti, Expires: exp.Add(serviceAuthLeeway)}
+	if err := s.replay.Spend(ctx, use); err != nil {
 		if errors.Is(err, replay.ErrReplayed) {
 			return nil, nil, serviceAuthErr("JwtReplayed", "this service-auth JWT was used already: ask for a new one (com.atproto.server.getServiceAuth)")
 		}
 		return nil, nil, err
 	}
 	auth := &account.Auth{DID: a.DID, Handle: a.Handle, Status: a.Status, Scope: "service:" + lxm}
-	return auth, &spentToken{s: s, iss: did.String(), jti: j.jti}, nil
+	return auth, &spentToken{s: s, use: use}, nil
 }
 
 // checkServiceClaims checks everything about j that needs neither the
@@ -224,8 +225,8 @@ func (s *Server) checkServiceClaims(j *serviceJWT, lxm string) (syntax.DID, time
 		return "", time.Time{}, serviceAuthErr("BadJwtLexiconMethod", "the service-auth JWT names no method (lxm): it must be bound to %s", lxm)
 	case j.lxm != lxm:
 		return "", time.Time{}, serviceAuthErr("BadJwtLexiconMethod", "the service-auth JWT is bound to %.100q, not %s (lxm)", j.lxm, lxm)
-	case j.jti == "" || len(j.jti) > replay.MaxIDLen:
-		return "", time.Time{}, serviceAuthErr("BadJwt", "the service-auth JWT needs a jti of 1 to %d characters, so that it can be used once", replay.MaxIDLen)
+	case !replay.ValidID(j.jti):
+		return "", time.Time{}, serviceAuthErr("BadJwt", "the service-auth JWT needs a jti of 1 to %d printable characters, so that it can be used once", replay.MaxIDLen)
 	}
 	did, err := syntax.ParseDID(j.iss)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/plc"
+	"github.com/bulwark-pds/bulwark/replay"
 )
 
 // Moving an account between servers: the PLC operation methods, and the
@@ -86,14 +87,14 @@ func (s *Server) serviceAuthUse(token string, iss syntax.DID, purpose string) (*
 	if _, _, err := jwt.NewParser().ParseUnverified(token, &claims); err != nil || claims.ExpiresAt == nil {
 		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT is malformed or incomplete")
 	}
-	if !account.ValidJTI(claims.ID) {
-		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT has no usable jti (1 to %d printable characters): this server accepts each token once", account.MaxJTILen)
+	if !replay.ValidID(claims.ID) {
+		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT has no usable jti (1 to %d printable characters): this server accepts each token once", replay.MaxIDLen)
 	}
 	exp := claims.ExpiresAt.Time
 	if exp.After(time.Now().Add(account.ServiceAuthMaxTTL + serviceAuthLeeway)) {
 		return nil, newError(http.StatusUnauthorized, "BadJwt", "the service-auth JWT expires more than %s from now", account.ServiceAuthMaxTTL)
 	}
-	return &account.ServiceAuthUse{Purpose: purpose, Issuer: iss, JTI: claims.ID, Expires: exp.Add(serviceAuthLeeway)}, nil
+	return &account.ServiceAuthUse{Purpose: purpose, Issuer: iss.String(), ID: claims.ID, Expires: exp.Add(serviceAuthLeeway)}, nil
 }
 
 // serviceAuthError names why a service-auth JWT was refused, as the

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/replay"
 )
 
 // signedAs signs claims as a service-auth JWT of did with its signing key
@@ -89,7 +90,7 @@ func TestMigrationTokenNeedsJTI(t *testing.T) {
 	for name, edit := range map[string]func(map[string]any){
 		"no jti":        func(c map[string]any) { delete(c, "jti") },
 		"empty jti":     func(c map[string]any) { c["jti"] = "" },
-		"long jti":      func(c map[string]any) { c["jti"] = strings.Repeat("j", account.MaxJTILen+1) },
+		"long jti":      func(c map[string]any) { c["jti"] = strings.Repeat("j", replay.MaxIDLen+1) },
 		"jti not ASCII": func(c map[string]any) { c["jti"] = "jti with spaces" },
 		"two hours":     func(c map[string]any) { c["exp"] = time.Now().Add(2 * time.Hour).Unix() },
 	} {

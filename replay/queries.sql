@@ -1,19 +1,20 @@
+-- name: Prune
+-- Deletes a few expired uses, so that the table holds only tokens that
+-- could still be presented, at a bounded cost per new use.
+DELETE FROM service_auth_used
+WHERE (purpose, iss, jti) IN (
+    SELECT purpose, iss, jti FROM service_auth_used
+    WHERE expires_at < $1
+    LIMIT 16
+);
+
 -- name: Spend
--- Records a token as used, unless it already was (no row returned), and
--- deletes a few expired ones on the way, so that the table holds only
--- tokens that could still be presented.
-WITH pruned AS (
-    DELETE FROM spent_service_tokens
-    WHERE (issuer, token_id) IN (
-        SELECT issuer, token_id FROM spent_service_tokens
-        WHERE expires_at < now()
-        LIMIT 16
-    )
-)
-INSERT INTO spent_service_tokens (issuer, token_id, expires_at)
-VALUES ($1, $2, $3)
-ON CONFLICT (issuer, token_id) DO NOTHING
-RETURNING 1;
+-- Records a use, unless the token was used for this purpose already (no
+-- row inserted). A concurrent use waits for the first one's transaction
+-- and finds its row if that commits.
+INSERT INTO service_auth_used (purpose, iss, jti, expires_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (purpose, iss, jti) DO NOTHING;
 
 -- name: Unspend
-DELETE FROM spent_service_tokens WHERE issuer = $1 AND token_id = $2;
+DELETE FROM service_auth_used WHERE purpose = $1 AND iss = $2 AND jti = $3;
