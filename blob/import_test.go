@@ -24,10 +24,10 @@ func TestImportReferences(t *testing.T) {
 	ctx := context.Background()
 	f := setup(t, backends[0], Config{})
 	did := f.newRepo(t, "mover")
-	old, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("old picture")))
+	old, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("old picture")), "")
 	require.NoError(t, err)
 	require.NoError(t, f.post(t, did, repo.ActionCreate, "before", old))
-	kept, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("uploaded before the import")))
+	kept, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("uploaded before the import")), "")
 	require.NoError(t, err)
 	ghost := ComputeCID([]byte("arrives after the import"))
 	ghostRef := atdata.Blob{Ref: atdata.CIDLink(ghost), MimeType: "image/png", Size: 24}
@@ -56,7 +56,7 @@ func TestImportReferences(t *testing.T) {
 	require.True(t, f.permanent(t, did, kept.CID.String()), "an uploaded blob the import names is kept")
 	require.False(t, f.permanent(t, did, old.CID.String()), "the replaced record's blob starts expiring")
 
-	_, err = f.svc.Upload(ctx, did, bytes.NewReader([]byte("arrives after the import")))
+	_, err = f.svc.Upload(ctx, did, bytes.NewReader([]byte("arrives after the import")), "")
 	require.NoError(t, err)
 	missing, _, err = f.svc.ListMissing(ctx, did, "", 10)
 	require.NoError(t, err)

@@ -34,10 +34,19 @@ ON CONFLICT (did, record_path, blob_cid) DO UPDATE SET rev = excluded.rev;
 
 -- name: MakePermanent
 -- Row locks taken here make a concurrent collector wait and then see the
--- blob as permanent (or make this find it gone).
-UPDATE blobs SET temp_since = NULL
-WHERE did = $1 AND cid = ANY($2::text[])
-RETURNING cid;
+-- blob as permanent (or make this find it gone). Each row comes back with
+-- its stored type and size, and whether this made it permanent (a first
+-- reference, which is checked against what the record says).
+WITH target AS (
+    SELECT cid, mime, size, temp_since IS NOT NULL AS was_temp
+    FROM blobs WHERE did = $1 AND cid = ANY($2::text[])
+    FOR UPDATE
+), made AS (
+    UPDATE blobs b SET temp_since = NULL
+    FROM target t
+    WHERE b.did = $1 AND b.cid = t.cid AND t.was_temp
+)
+SELECT cid, mime, size, was_temp FROM target;
 
 -- name: ReleaseUnreferenced
 UPDATE blobs b SET temp_since = now()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5"
@@ -18,10 +19,10 @@ import (
 // when a record refers to it, and is deleted after TempTTL otherwise. The
 // bytes are hashed while they stream to storage; a body over MaxBytes is a
 // *TooLargeError and leaves nothing behind. The MIME type is sniffed from
-// the bytes: a client's Content-Type is not trusted, since the blob will be
-// served back under the stored type. It is Receive then Received.Store.
-func (s *Service) Upload(ctx context.Context, did syntax.DID, r io.Reader) (*Blob, error) {
-	rcv, err := s.Receive(ctx, r)
+// the bytes (see Receive for when declared, the client's Content-Type,
+// counts). It is Receive then Received.Store.
+func (s *Service) Upload(ctx context.Context, did syntax.DID, r io.Reader, declared string) (*Blob, error) {
+	rcv, err := s.Receive(ctx, r, declared)
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +47,17 @@ func (rc *Received) Blob() Blob { return rc.blob }
 // Receive reads r to its end into scratch space, hashing it and sniffing
 // its MIME type. A body over MaxBytes is a *TooLargeError; one that cannot
 // be read to its end wraps ErrUploadRead. On error nothing is kept.
-func (s *Service) Receive(ctx context.Context, r io.Reader) (*Received, error) {
+//
+// The stored type is what the bytes are, not what the client says: a
+// client's Content-Type is not trusted where the bytes say otherwise,
+// since the blob is served back under the stored type. Where the sniffer
+// recognises nothing (no signature it knows: application/octet-stream, or
+// plain text) the declared type is kept, as the reference PDS keeps it
+// when its sniffer finds nothing: QuickTime, HEIC or AVIF bytes stay
+// what the app says they are, and a record can refer to them by that
+// type (Service.TrackTx compares the two). A declared type must be a bare
+// type/subtype of at most maxDeclaredType bytes; anything else is ignored.
+func (s *Service) Receive(ctx context.Context, r io.Reader, declared string) (*Received, error) {
 	w, err := s.store.Create(ctx)
 	if err != nil {
 		return nil, err
@@ -56,6 +67,7 @@ func (s *Service) Receive(ctx context.Context, r io.Reader) (*Received, error) {
 		rc.Close()
 		return nil, err
 	}
+	rc.blob.MimeType = storedType(rc.blob.MimeType, declared)
 	return rc, nil
 }
 
@@ -141,4 +153,42 @@ func (rc *Received) Close() error {
 		rc.s.log.Warn("discarding upload scratch file", "cid", rc.blob.CID, "error", err)
 	}
 	return err
+}
+
+// maxDeclaredType bounds the declared type a blob may be stored under.
+const maxDeclaredType = 100
+
+// storedType is the type a blob is stored under: sniffed, unless the
+// sniffer recognised nothing and the client declared a well-formed type.
+func storedType(sniffed, declared string) string {
+	if sniffed != "application/octet-stream" && sniffed != "text/plain; charset=utf-8" {
+		return sniffed
+	}
+	base, _, _ := strings.Cut(declared, ";")
+	base = strings.ToLower(strings.TrimSpace(base))
+	if len(base) > maxDeclaredType {
+		return sniffed
+	}
+	typ, sub, ok := strings.Cut(base, "/")
+	if !ok || !isToken(typ) || !isToken(sub) {
+		return sniffed
+	}
+	return base
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

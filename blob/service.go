@@ -70,6 +70,12 @@ var (
 	// (the client went away, stalled, or sent a malformed body). The read
 	// error is wrapped too.
 	ErrUploadRead = errors.New("reading the upload failed")
+	// ErrInvalidMimeType means a record's blob reference names another
+	// type than the one the blob is stored under.
+	ErrInvalidMimeType = errors.New("blob reference names another type than the stored blob")
+	// ErrInvalidSize means a record's blob reference names another size
+	// than the stored blob's.
+	ErrInvalidSize = errors.New("blob reference names another size than the stored blob")
 )
 
 // TooLargeError reports an upload over the size limit.
@@ -200,6 +206,9 @@ func (s *Service) TrackTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev s
 	paths := make([]string, 0, len(changes))
 	var refPaths, refCIDs []string
 	wanted := map[string]bool{}
+	// claims are what the records say of each blob, checked against the
+	// stored blob when this commit is its first reference.
+	claims := map[string][]atdata.Blob{}
 	for _, ch := range changes {
 		path := ch.Collection.String() + "/" + ch.RKey.String()
 		if ch.Created && len(ch.Blobs) == 0 {
@@ -214,6 +223,7 @@ func (s *Service) TrackTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev s
 				continue
 			}
 			k := c.String()
+			claims[k] = append(claims[k], b)
 			if seen[k] {
 				continue
 			}
@@ -246,14 +256,17 @@ func (s *Service) TrackTx(ctx context.Context, tx db.DBTX, did syntax.DID, rev s
 		if err != nil {
 			return fmt.Errorf("making blobs permanent: %w", db.Translate(err))
 		}
-		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[permanentRow])
 		if err != nil {
 			return fmt.Errorf("making blobs permanent: %w", db.Translate(err))
 		}
+		if err := checkClaims(found, claims); err != nil {
+			return err
+		}
 		if len(found) != len(distinct) {
 			have := map[string]bool{}
-			for _, k := range found {
-				have[k] = true
+			for _, f := range found {
+				have[f.CID] = true
 			}
 			for _, k := range distinct {
 				if !have[k] {
@@ -440,4 +453,36 @@ func (s *Service) collect(ctx context.Context, did, key string, cutoff time.Time
 		return false, fmt.Errorf("deleting expired blob %s of %s: %w", key, did, err)
 	}
 	return deleted, nil
+}
+
+// permanentRow is a blob MakePermanent found: its stored type and size,
+// and whether this commit made it permanent.
+type permanentRow struct {
+	CID     string
+	Mime    string
+	Size    int64
+	WasTemp bool
+}
+
+// checkClaims compares what records say of a blob with the stored blob,
+// for the blobs this commit is the first to refer to, as the reference
+// PDS does: a reference must carry the type and size uploadBlob answered.
+// Blobs already referenced (and those of an imported repository, whose
+// references are recorded before their bytes arrive) are not checked
+// again.
+func checkClaims(found []permanentRow, claims map[string][]atdata.Blob) error {
+	for _, f := range found {
+		if !f.WasTemp {
+			continue
+		}
+		for _, c := range claims[f.CID] {
+			if c.MimeType != f.Mime {
+				return fmt.Errorf("%w: blob %s is stored as %q, the record says %.100q", ErrInvalidMimeType, f.CID, f.Mime, c.MimeType)
+			}
+			if c.Size != f.Size {
+				return fmt.Errorf("%w: blob %s is %d bytes, the record says %d", ErrInvalidSize, f.CID, f.Size, c.Size)
+			}
+		}
+	}
+	return nil
 }

@@ -128,7 +128,7 @@ func TestUploadReferenceServe(t *testing.T) {
 			f := setup(t, b, Config{})
 			did := f.newRepo(t, "alice")
 			data := pngBytes(t, 200_000)
-			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(data))
+			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(data), "")
 			require.NoError(t, err)
 			require.Equal(t, ComputeCID(data), blob.CID)
 			require.True(t, strings.HasPrefix(blob.CID.String(), "bafkrei"))
@@ -165,9 +165,9 @@ func TestDeletedAccountBlobsCollected(t *testing.T) {
 			did := f.newRepo(t, "gone")
 			other := f.newRepo(t, "stays")
 			data := pngBytes(t, 3000)
-			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(data))
+			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(data), "")
 			require.NoError(t, err)
-			_, err = f.svc.Upload(ctx, other, bytes.NewReader(data))
+			_, err = f.svc.Upload(ctx, other, bytes.NewReader(data), "")
 			require.NoError(t, err)
 			require.NoError(t, f.post(t, did, repo.ActionCreate, "p1", blob))
 			require.NoError(t, f.post(t, other, repo.ActionCreate, "p1", blob))
@@ -190,7 +190,7 @@ func TestUnreferencedExpires(t *testing.T) {
 			ctx := context.Background()
 			f := setup(t, b, Config{TempTTL: time.Hour})
 			did := f.newRepo(t, "bob")
-			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 5000)))
+			blob, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 5000)), "")
 			require.NoError(t, err)
 
 			require.Zero(t, f.collectLater(t, 0), "not expired yet")
@@ -218,9 +218,9 @@ func TestDeletingLastReferenceReleases(t *testing.T) {
 			ctx := context.Background()
 			f := setup(t, b, Config{TempTTL: time.Hour})
 			did := f.newRepo(t, "carol")
-			shared, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 3000)))
+			shared, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 3000)), "")
 			require.NoError(t, err)
-			only, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 3000)))
+			only, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 3000)), "")
 			require.NoError(t, err)
 			require.NoError(t, f.post(t, did, repo.ActionCreate, "a", shared, only))
 			require.NoError(t, f.post(t, did, repo.ActionCreate, "b", shared))
@@ -248,7 +248,7 @@ func TestReferenceToUnknownBlobRefused(t *testing.T) {
 	f := setup(t, backends[0], Config{})
 	ctx := context.Background()
 	alice, mallory := f.newRepo(t, "alice"), f.newRepo(t, "mallory")
-	blob, err := f.svc.Upload(ctx, alice, bytes.NewReader(pngBytes(t, 100)))
+	blob, err := f.svc.Upload(ctx, alice, bytes.NewReader(pngBytes(t, 100)), "")
 	require.NoError(t, err)
 
 	// Never uploaded by anyone.
@@ -281,7 +281,7 @@ func TestOverSizeKeepsNothing(t *testing.T) {
 			f := setup(t, b, Config{MaxBytes: 100_000})
 			did := f.newRepo(t, "dave")
 			data := randomBytes(t, 100_001)
-			_, err := f.svc.Upload(ctx, did, bytes.NewReader(data))
+			_, err := f.svc.Upload(ctx, did, bytes.NewReader(data), "")
 			var tooLarge *TooLargeError
 			require.ErrorAs(t, err, &tooLarge)
 			require.ErrorIs(t, err, ErrTooLarge)
@@ -292,7 +292,7 @@ func TestOverSizeKeepsNothing(t *testing.T) {
 			require.ErrorIs(t, err, ErrObjectNotFound)
 
 			// Exactly at the limit is fine.
-			_, err = f.svc.Upload(ctx, did, bytes.NewReader(data[:100_000]))
+			_, err = f.svc.Upload(ctx, did, bytes.NewReader(data[:100_000]), "")
 			require.NoError(t, err)
 		})
 	}
@@ -314,7 +314,7 @@ func TestMIMESniffed(t *testing.T) {
 		{[]byte{0, 1, 2, 3, 4}, "application/octet-stream"},
 		{nil, "text/plain; charset=utf-8"},
 	} {
-		b, err := f.svc.Upload(ctx, did, bytes.NewReader(tc.data))
+		b, err := f.svc.Upload(ctx, did, bytes.NewReader(tc.data), "")
 		require.NoError(t, err)
 		require.Equal(t, tc.want, b.MimeType, "%q", tc.data)
 	}
@@ -341,7 +341,7 @@ func TestConcurrentIdenticalUploads(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					results[i], errs[i] = f.svc.Upload(ctx, did, bytes.NewReader(data))
+					results[i], errs[i] = f.svc.Upload(ctx, did, bytes.NewReader(data), "")
 				}()
 			}
 			wg.Wait()
@@ -371,7 +371,7 @@ func TestRaceUploadAgainstCollector(t *testing.T) {
 	alice, bob := f.newRepo(t, "alice"), f.newRepo(t, "bob")
 	for i := range 5 {
 		data := pngBytes(t, 1000+i)
-		_, err := f.svc.Upload(ctx, alice, bytes.NewReader(data))
+		_, err := f.svc.Upload(ctx, alice, bytes.NewReader(data), "")
 		require.NoError(t, err)
 		// Alice's copy expired an hour ago; Bob's upload is fresh.
 		_, err = f.pool.Exec(ctx, "UPDATE blobs SET temp_since = now() - interval '2 hours' WHERE did = $1", alice.String())
@@ -380,7 +380,7 @@ func TestRaceUploadAgainstCollector(t *testing.T) {
 		var up *Blob
 		var upErr, gcErr error
 		wg.Add(2)
-		go func() { defer wg.Done(); up, upErr = f.svc.Upload(ctx, bob, bytes.NewReader(data)) }()
+		go func() { defer wg.Done(); up, upErr = f.svc.Upload(ctx, bob, bytes.NewReader(data), "") }()
 		go func() { defer wg.Done(); _, gcErr = f.svc.Collect(ctx) }()
 		wg.Wait()
 		require.NoError(t, upErr)
@@ -405,7 +405,7 @@ func TestListMissing(t *testing.T) {
 	require.Equal(t, []MissingBlob{{CID: ghost, RecordPath: "app.bsky.feed.post/x"}}, missing)
 
 	// Uploading it fills the gap, and it is permanent at once.
-	b, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("imported")))
+	b, err := f.svc.Upload(ctx, did, bytes.NewReader([]byte("imported")), "")
 	require.NoError(t, err)
 	require.Equal(t, ghost, b.CID.String())
 	missing, _, err = f.svc.ListMissing(ctx, did, "", 10)
@@ -430,7 +430,7 @@ func TestRunCollectsUntilStopped(t *testing.T) {
 	f := setup(t, backends[0], Config{TempTTL: time.Hour})
 	ctx := context.Background()
 	did := f.newRepo(t, "gina")
-	_, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 10)))
+	_, err := f.svc.Upload(ctx, did, bytes.NewReader(pngBytes(t, 10)), "")
 	require.NoError(t, err)
 	ticks, passes := make(chan time.Time), make(chan int)
 	f.svc.tick, f.svc.passes = ticks, passes

@@ -50,7 +50,7 @@ func (s *Server) handleUploadBlob(w http.ResponseWriter, r *http.Request) error 
 	// The body arrives at the client's pace (held to a minimum rate by
 	// serveXRPC); only storing it is foreground work, which background
 	// streams give way to.
-	rcv, err := s.blobs.Receive(r.Context(), r.Body)
+	rcv, err := s.blobs.Receive(r.Context(), r.Body, r.Header.Get("Content-Type"))
 	if err != nil {
 		return err
 	}

@@ -247,7 +247,7 @@ func TestConcurrentUploadsSameBytesTwoAccounts(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					refs[i], errs[i] = b.blobs.Upload(context.Background(), did, bytes.NewReader(data))
+					refs[i], errs[i] = b.blobs.Upload(context.Background(), did, bytes.NewReader(data), "")
 				}()
 			}
 			wg.Wait()

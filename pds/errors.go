@@ -241,6 +241,8 @@ var domainErrors = []errorMapping{
 
 	// Blobs.
 	{sentinel: blob.ErrBlobNotFound, status: http.StatusBadRequest, name: "BlobNotFound"},
+	{sentinel: blob.ErrInvalidMimeType, status: http.StatusBadRequest, name: "InvalidMimeType"},
+	{sentinel: blob.ErrInvalidSize, status: http.StatusBadRequest, name: "InvalidSize"},
 	{sentinel: blob.ErrTooLarge, status: http.StatusRequestEntityTooLarge, name: "PayloadTooLarge"},
 	{sentinel: blob.ErrUploadRead, status: http.StatusBadRequest, name: "InvalidRequest", build: func(err error) *XRPCError {
 		return InvalidRequest("the upload did not arrive whole: %v", err)
