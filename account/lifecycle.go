@@ -18,9 +18,15 @@ import (
 
 // UpdateHandle changes did's handle: the PLC document first (inside the
 // transaction, so a directory failure changes nothing), then the row and
-// an #identity event.
+// an #identity event. A handle outside the server's domains needs
+// ResolveHandlesWith among opts, and is checked (CheckHandle) before
+// anything is locked.
 func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, opts ...WriteOption) (syntax.Handle, error) {
-	handle, err := s.NormalizeHandle(raw)
+	var o writeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	handle, err := s.CheckHandle(ctx, raw, did, o.resolver)
 	if err != nil {
 		return "", err
 	}
@@ -70,6 +76,20 @@ func (s *Service) SetStatus(ctx context.Context, did syntax.DID, to Status, opts
 		return fmt.Errorf("account: cannot set status %q", to)
 	}
 	return s.setStatus(ctx, did, func(Status) Status { return to }, nil, opts)
+}
+
+// Deactivate is com.atproto.server.deactivateAccount: an active account
+// becomes deactivated; a taken-down one stays taken down (deactivating is
+// the last step of moving away, which such an account may take, and must
+// not lift the takedown, whatever happened since the caller was
+// authorised).
+func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
+	return s.setStatus(ctx, did, func(from Status) Status {
+		if from == StatusTakendown {
+			return from
+		}
+		return StatusDeactivated
+	}, nil, nil)
 }
 
 // statusChange is work done in a status change's transaction, knowing the

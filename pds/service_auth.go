@@ -40,7 +40,7 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 	if _, err := syntax.ParseDID(did); err != nil {
 		return InvalidRequest("aud must be a DID or a did#service reference, not %q", aud)
 	}
-	if auth.Status == account.StatusTakendown && lxm != createAccountNSID {
+	if (auth.Status == account.StatusTakendown || auth.Takendown()) && lxm != createAccountNSID {
 		return tokenInvalid("Bad token scope: a taken-down account may only request a service auth token for " + createAccountNSID)
 	}
 	if lxm != "" {
