@@ -93,12 +93,9 @@ func (s *Service) sendSignInCode(ctx context.Context, did syntax.DID) error {
 		if err != nil {
 			return err
 		}
-		issued, live, err := s.mail.IssuedAt(ctx, tx, did, email.PurposeSignIn)
-		if err != nil {
+		recent, err := s.mail.IssuedWithin(ctx, tx, did, email.PurposeSignIn, SignInCodeResend)
+		if err != nil || recent {
 			return err
-		}
-		if live && s.cfg.Now().Sub(issued) < SignInCodeResend {
-			return nil
 		}
 		return s.sendCode(ctx, tx, did, st, email.PurposeSignIn)
 	})

@@ -201,18 +201,19 @@ func (t Tokens) use(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purp
 	return nil
 }
 
-// IssuedAt returns when did's live code for purpose was issued; ok is
-// false when it has none that has not expired.
-func (t Tokens) IssuedAt(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purpose) (issued time.Time, ok bool, err error) {
-	var expires time.Time
-	err = db.Translate(q.QueryRow(ctx, qTokenIssued, did.String(), string(purpose)).Scan(&issued, &expires))
+// IssuedWithin reports whether did has a live code for purpose issued
+// less than d ago (on the Tokens' clock).
+func (t Tokens) IssuedWithin(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purpose, d time.Duration) (bool, error) {
+	var issued, expires time.Time
+	err := db.Translate(q.QueryRow(ctx, qTokenIssued, did.String(), string(purpose)).Scan(&issued, &expires))
 	switch {
 	case errors.Is(err, db.ErrNotFound):
-		return time.Time{}, false, nil
+		return false, nil
 	case err != nil:
-		return time.Time{}, false, fmt.Errorf("email: token of %s: %w", purpose, err)
+		return false, fmt.Errorf("email: token of %s: %w", purpose, err)
 	}
-	return issued, t.now().Before(expires), nil
+	now := t.now()
+	return now.Before(expires) && now.Sub(issued) < d, nil
 }
 
 // Fail counts a wrong guess at did's live code for purpose; once max
