@@ -17,20 +17,20 @@ import (
 // (createSession's allowTakendown) may do beyond an anonymous caller: the
 // methods the reference PDS opens to its com.atproto.takendown scope.
 var takendownReach = map[string]bool{
-	"com.atproto.sync.getRepo":                         true,
-	"com.atproto.sync.getCheckout":                     true,
-	"com.atproto.sync.getBlob":                         true,
-	"com.atproto.sync.listBlobs":                       true,
-	"com.atproto.sync.getLatestCommit":                 true,
-	"com.atproto.sync.getHead":                         true,
-	"com.atproto.sync.getRecord":                       true,
-	"com.atproto.sync.getBlocks":                       true,
-	"com.atproto.sync.getRepoStatus":                   true,
-	"com.atproto.server.getServiceAuth":                true,
-	"com.atproto.server.deactivateAccount":             true,
+	"com.atproto.sync.getRepo":                          true,
+	"com.atproto.sync.getCheckout":                      true,
+	"com.atproto.sync.getBlob":                          true,
+	"com.atproto.sync.listBlobs":                        true,
+	"com.atproto.sync.getLatestCommit":                  true,
+	"com.atproto.sync.getHead":                          true,
+	"com.atproto.sync.getRecord":                        true,
+	"com.atproto.sync.getBlocks":                        true,
+	"com.atproto.sync.getRepoStatus":                    true,
+	"com.atproto.server.getServiceAuth":                 true,
+	"com.atproto.server.deactivateAccount":              true,
 	"com.atproto.identity.requestPlcOperationSignature": true,
-	"com.atproto.identity.signPlcOperation":            true,
-	"app.bsky.actor.getPreferences":                    true,
+	"com.atproto.identity.signPlcOperation":             true,
+	"app.bsky.actor.getPreferences":                     true,
 }
 
 // takendownUser makes an account with a record, a blob and an app
