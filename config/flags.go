@@ -53,6 +53,7 @@ func (c *Config) settings() []setting {
 		{"proxy-header-timeout", "longest wait for a proxied service's response headers", (*durationValue)(&c.ProxyHeaderTimeout)},
 		{"proxy-body-timeout", "longest wait for more of a proxied service's response body", (*durationValue)(&c.ProxyBodyTimeout)},
 		{"proxy-max-response", "largest response body a proxied service may send, like 10MiB", (*byteSize)(&c.ProxyMaxResponse)},
+		{"dns-server", "DNS server (ip or ip:port) outbound requests resolve names with, handles' _atproto TXT records included; unset = the system resolver", (*stringValue)(&c.DNSServer)},
 		{"proxy-allow-private", "comma-separated CIDRs outbound requests (service proxy, handle and did:web resolution, OAuth client metadata, relay watch) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
 		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
 		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},

@@ -1,6 +1,9 @@
 package config
 
 import (
+	"fmt"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -51,6 +54,13 @@ func (c *Config) validateProxy() error {
 			return settingError(svc.name+"-did", "%v", err)
 		}
 	}
+	if c.DNSServer != "" {
+		addr, err := ParseDNSServer(c.DNSServer)
+		if err != nil {
+			return settingError("dns-server", "%v", err)
+		}
+		c.DNSServer = addr
+	}
 	if c.ProxyHeaderTimeout <= 0 {
 		return settingError("proxy-header-timeout", "must be positive")
 	}
@@ -61,4 +71,18 @@ func (c *Config) validateProxy() error {
 		return settingError("proxy-max-response", "must be at least 64KiB")
 	}
 	return nil
+}
+
+// ParseDNSServer reads --dns-server: an IP address, with a port or not
+// (53), returned as "ip:port".
+func ParseDNSServer(raw string) (string, error) {
+	raw = strings.TrimSpace(raw)
+	if ap, err := netip.ParseAddrPort(raw); err == nil {
+		return ap.String(), nil
+	}
+	a, err := netip.ParseAddr(strings.Trim(raw, "[]"))
+	if err != nil {
+		return "", fmt.Errorf("%q is not an IP address or ip:port", raw)
+	}
+	return netip.AddrPortFrom(a, 53).String(), nil
 }

@@ -35,6 +35,7 @@ func TestProxySettingsFromEnvAndFlags(t *testing.T) {
 		"BULWARK_PROXY_BODY_TIMEOUT":   "1m",
 		"BULWARK_PROXY_MAX_RESPONSE":   "4MiB",
 		"BULWARK_PROXY_ALLOW_PRIVATE":  "127.0.0.0/8, 10.1.2.3",
+		"BULWARK_DNS_SERVER":           "127.0.0.53",
 	}
 	c, err := parse(t, env, "--proxy-body-timeout", "45s")
 	require.NoError(t, err)
@@ -46,6 +47,10 @@ func TestProxySettingsFromEnvAndFlags(t *testing.T) {
 	require.Equal(t, 45*time.Second, c.ProxyBodyTimeout, "the flag wins")
 	require.Equal(t, int64(4<<20), c.ProxyMaxResponse)
 	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.1.2.3/32")}, c.ProxyAllowPrivate)
+	require.Equal(t, "127.0.0.53:53", c.DNSServer, "port 53 unless given")
+	c, err = parse(t, nil, "--dns-server", "[::1]:5353")
+	require.NoError(t, err)
+	require.Equal(t, "[::1]:5353", c.DNSServer)
 
 	// Both halves of a service empty turns it off.
 	c, err = parse(t, nil, "--mod-service-url", "", "--mod-service-did", "")
@@ -68,6 +73,8 @@ func TestProxySettingsInvalid(t *testing.T) {
 		{"body timeout negative", nil, []string{"--proxy-body-timeout", "-1s"}, "--proxy-body-timeout"},
 		{"max response tiny", nil, []string{"--proxy-max-response", "1KiB"}, "--proxy-max-response"},
 		{"env bad CIDR", map[string]string{"BULWARK_PROXY_ALLOW_PRIVATE": "localhost"}, nil, "BULWARK_PROXY_ALLOW_PRIVATE"},
+		{"dns server a name", nil, []string{"--dns-server", "dns.example.com"}, "--dns-server"},
+		{"dns server bad port", nil, []string{"--dns-server", "127.0.0.1:x"}, "--dns-server"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
