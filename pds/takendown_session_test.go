@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/oauth"
 )
 
@@ -33,12 +34,16 @@ var takendownReach = map[string]bool{
 	"app.bsky.actor.getPreferences":                     true,
 }
 
-// takendownUser makes an account with a record, a blob and an app
-// password, and takes it down.
+// takendownUser makes an account with an app password and (when the
+// server stores blobs) a record with a blob, and takes it down.
 func takendownUser(t *testing.T, e *accountEnv) (*user, string, string) {
 	t.Helper()
 	u := e.createUser(t)
 	app := e.post(t, "com.atproto.server.createAppPassword", u.access, map[string]any{"name": "phone"}).ok(t).str(t, "password")
+	if e.blobs == nil {
+		takedown(t, e, u)
+		return u, app, ""
+	}
 	up := e.do(t, http.MethodPost, "com.atproto.repo.uploadBlob", u.access, bytes.NewReader([]byte("\x89PNG\r\n\x1a\nnot really")), nil,
 		http.Header{"Content-Type": {"image/png"}}).ok(t).json(t)
 	blob := up["blob"].(map[string]any)
@@ -48,11 +53,16 @@ func takendownUser(t *testing.T, e *accountEnv) (*user, string, string) {
 		"record": map[string]any{"$type": "app.bsky.feed.post", "text": "with a picture", "createdAt": "2026-11-29T12:00:00.000Z",
 			"embed": map[string]any{"$type": "app.bsky.embed.images", "images": []any{map[string]any{"alt": "", "image": blob}}}},
 	}).ok(t)
+	takedown(t, e, u)
+	return u, app, cid
+}
+
+func takedown(t *testing.T, e *accountEnv, u *user) {
+	t.Helper()
 	e.adminProc(t, "updateSubjectStatus", map[string]any{
 		"subject":  map[string]any{"$type": "com.atproto.admin.defs#repoRef", "did": u.did.String()},
 		"takedown": map[string]any{"applied": true, "ref": "t-1"},
 	}).ok(t)
-	return u, app, cid
 }
 
 // A taken-down account signs in with allowTakendown and its account
@@ -140,4 +150,26 @@ func TestTakendownSession(t *testing.T) {
 	e.post(t, "com.atproto.server.refreshSession", refresh, nil).fails(t, http.StatusBadRequest, "InvalidToken")
 	// A normal sign-in works again.
 	e.post(t, create, "", map[string]any{"identifier": u.handle, "password": u.pass}).ok(t)
+}
+
+// A taken-down account may still report (createReport, through the proxy
+// to the report service, with a service token of its own), as in the
+// reference PDS; nothing else reaches a proxied service with its session.
+func TestTakendownSessionReports(t *testing.T) {
+	t.Parallel()
+	e := newProxyEnv(t, proxyEnvOptions{configure: func(c *config.Config) {
+		// The fake app view stands in for the report service too.
+		c.ReportServiceURL, c.ReportServiceDID = c.AppViewURL, c.AppViewDID
+	}})
+	u, _, _ := takendownUser(t, e.accountEnv)
+	tok := e.post(t, "com.atproto.server.createSession", "", map[string]any{"identifier": u.handle, "password": u.pass, "allowTakendown": true}).
+		ok(t).str(t, "accessJwt")
+	e.call(t, "app.bsky.feed.getTimeline", tok, "", nil).fails(t, http.StatusBadRequest, "InvalidToken")
+	require.Empty(t, e.calls("app.bsky.feed.getTimeline"))
+	res := e.post(t, "com.atproto.moderation.createReport", tok, map[string]any{
+		"reasonType": "com.atproto.moderation.defs#reasonAppeal",
+		"subject":    map[string]any{"$type": "com.atproto.admin.defs#repoRef", "did": u.did.String()},
+	})
+	require.NotEqual(t, http.StatusBadRequest, res.status, "%s", res.body)
+	e.requireOneVerified(t, e.fakes.AppView.Name, "com.atproto.moderation.createReport", u.did, e.fakes.AppView.DID, "com.atproto.moderation.createReport")
 }
