@@ -39,6 +39,7 @@ var (
 	qCheckSession               = queries.MustGet("CheckSession")
 	qCheckSessionGuard          = queries.MustGet("CheckSessionGuard")
 	qInsertRefreshToken         = queries.MustGet("InsertRefreshToken")
+	qInsertTakendownSession     = queries.MustGet("InsertTakendownSession")
 	qLockRefreshToken           = queries.MustGet("LockRefreshToken")
 	qRotateRefreshToken         = queries.MustGet("RotateRefreshToken")
 	qRefreshTokenExpiry         = queries.MustGet("RefreshTokenExpiry")
@@ -90,6 +91,9 @@ type Account struct {
 	// EmailConfirmedAt is when Email was confirmed (confirmEmail); nil
 	// while it is not.
 	EmailConfirmedAt *time.Time
+	// EmailAuthFactor is whether a password login also needs a code
+	// mailed to Email (updateEmail's emailAuthFactor).
+	EmailAuthFactor bool
 
 	passwordHash string
 }
@@ -292,7 +296,7 @@ type row interface {
 func (s *Service) scanAccount(r row) (*Account, error) {
 	var a Account
 	var did, handle, status string
-	err := db.Translate(r.Scan(&did, &handle, &a.Email, &status, &a.InvitesDisabled, &a.CreatedAt, &a.passwordHash, &a.EmailConfirmedAt))
+	err := db.Translate(r.Scan(&did, &handle, &a.Email, &status, &a.InvitesDisabled, &a.CreatedAt, &a.passwordHash, &a.EmailConfirmedAt, &a.EmailAuthFactor))
 	if errors.Is(err, db.ErrNotFound) {
 		return nil, ErrAccountNotFound
 	}

@@ -37,6 +37,11 @@ type CreateInput struct {
 	// ServiceAuth is that JWT, recorded as used in the account's
 	// transaction; required with DID.
 	ServiceAuth *ServiceAuthUse
+	// RecoveryKey, when set, is the account holder's own rotation key (a
+	// did:key, K-256 or P-256), first among the new DID's rotation keys,
+	// ahead of the server's. Ignored with DID, as in the reference PDS:
+	// that DID's keys are its holder's business.
+	RecoveryKey string
 }
 
 // auditCreation records in's audit entry, if any, for the new account did
@@ -52,6 +57,19 @@ func auditCreation(ctx context.Context, tx db.DBTX, in *audit.Entry, did syntax.
 	}
 	in.After = after
 	return audit.Record(ctx, tx, in)
+}
+
+// checkRecoveryKey checks createAccount's recoveryKey: a did:key of a
+// K-256 or P-256 public key, in its canonical form.
+func checkRecoveryKey(raw string) (string, error) {
+	if raw == "" {
+		return "", nil
+	}
+	pub, err := atcrypto.ParsePublicDIDKey(raw)
+	if err != nil || pub.DIDKey() != raw {
+		return "", ruleErr(ErrInvalidRecoveryKey, "recoveryKey %.120q is not a did:key of a K-256 or P-256 public key", raw)
+	}
+	return raw, nil
 }
 
 func normalizeEmail(raw string) (string, error) {
@@ -75,6 +93,8 @@ type newAccount struct {
 	pwHash string
 	key    *atcrypto.PrivateKeyK256
 	sealed []byte
+	// recovery is the holder's own rotation key (CreateInput.RecoveryKey).
+	recovery string
 }
 
 // CreateAccount creates an account with a new did:plc, its empty
@@ -101,7 +121,7 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 	if err != nil {
 		return nil, nil, err
 	}
-	did, genesis, err := s.plc.Genesis(plc.Identity{Handle: na.handle, SigningKey: pub, PDSEndpoint: s.cfg.PublicURL})
+	did, genesis, err := s.plc.Genesis(plc.Identity{Handle: na.handle, SigningKey: pub, PDSEndpoint: s.cfg.PublicURL, RecoveryKey: na.recovery})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -158,7 +178,13 @@ func (s *Service) prepareNew(ctx context.Context, in CreateInput) (*newAccount, 
 	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
 		return nil, err
 	}
-	if na.key, err = atcrypto.GeneratePrivateKeyK256(); err != nil {
+	if did, perr := syntax.ParseDID(in.DID); perr == nil {
+		// An existing DID gets the key reserveSigningKey promised it.
+		na.key, err = s.keys.reserved(did)
+	} else {
+		na.key, err = atcrypto.GeneratePrivateKeyK256()
+	}
+	if err != nil {
 		return nil, err
 	}
 	return na, nil
@@ -181,6 +207,10 @@ func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, er
 	if err := checkNewPassword(in.Password); err != nil {
 		return nil, err
 	}
+	recovery, err := checkRecoveryKey(strings.TrimSpace(in.RecoveryKey))
+	if err != nil {
+		return nil, err
+	}
 	invite := strings.TrimSpace(in.InviteCode)
 	if s.cfg.InviteRequired && invite == "" {
 		return nil, ruleErr(ErrInvalidInviteCode, "an invite code is required to create an account here")
@@ -195,7 +225,7 @@ func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, er
 	if emailTaken {
 		return nil, ruleErr(ErrEmailTaken, "email %s is already used by another account", email)
 	}
-	return &newAccount{handle: handle, email: email, invite: invite}, nil
+	return &newAccount{handle: handle, email: email, invite: invite, recovery: recovery}, nil
 }
 
 // storeNew writes a new account inside tx (a pgx.Tx: the repository

@@ -146,9 +146,11 @@ func (s *Service) RequestEmailUpdate(ctx context.Context, did syntax.DID) (token
 // UpdateEmail is com.atproto.server.updateEmail: the address becomes
 // address. When the current one is confirmed, code must be the live
 // update_email code (ErrTokenRequired without one); a code given anyway is
-// checked too. A new address is unconfirmed and every code mailed to the
-// old one stops working.
-func (s *Service) UpdateEmail(ctx context.Context, did syntax.DID, address, code string) error {
+// checked too. A new address is unconfirmed, every code mailed to the old
+// one stops working, and sign-in codes go off with it. authFactor, when
+// not nil, turns sign-in codes on or off (on needs the address, unchanged,
+// to be confirmed: ErrEmailNotConfirmed).
+func (s *Service) UpdateEmail(ctx context.Context, did syntax.DID, address, code string, authFactor *bool) error {
 	address, err := normalizeEmail(address)
 	if err != nil {
 		return err
@@ -166,7 +168,16 @@ func (s *Service) UpdateEmail(ctx context.Context, did syntax.DID, address, code
 				return err
 			}
 		}
-		return s.replaceEmail(ctx, tx, did, st, address)
+		if err := s.replaceEmail(ctx, tx, did, st, address); err != nil {
+			return err
+		}
+		if authFactor == nil {
+			return nil
+		}
+		if st.email != address {
+			st.confirmed = false
+		}
+		return setAuthFactor(ctx, tx, did, st, *authFactor)
 	})
 }
 

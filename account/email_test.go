@@ -117,9 +117,9 @@ func TestEmailAddressChanges(t *testing.T) {
 	required, err := s.RequestEmailUpdate(ctx, a.DID)
 	require.NoError(t, err)
 	require.True(t, required)
-	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "new@example.com", ""), ErrTokenRequired)
+	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "new@example.com", "", nil), ErrTokenRequired)
 	update := heldCode(t, s, a.DID, email.PurposeUpdateEmail)
-	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "bob@example.com", update), ErrEmailTaken)
+	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "bob@example.com", update, nil), ErrEmailTaken)
 	require.Equal(t, update, heldCode(t, s, a.DID, email.PurposeUpdateEmail), "a refused change leaves the code")
 
 	// An administrator's change unconfirms and revokes the codes too.
@@ -128,8 +128,8 @@ func TestEmailAddressChanges(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "admin-set@example.com", got.Email)
 	require.Nil(t, got.EmailConfirmedAt)
-	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "new@example.com", update), email.ErrTokenInvalid)
-	require.NoError(t, s.UpdateEmail(ctx, a.DID, "new@example.com", ""), "unconfirmed: no code needed")
+	require.ErrorIs(t, s.UpdateEmail(ctx, a.DID, "new@example.com", update, nil), email.ErrTokenInvalid)
+	require.NoError(t, s.UpdateEmail(ctx, a.DID, "new@example.com", "", nil), "unconfirmed: no code needed")
 
 	// Reset for an address nobody has: no error, nothing queued.
 	require.NoError(t, s.RequestPasswordReset(ctx, "nobody@example.com"))

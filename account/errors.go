@@ -47,6 +47,9 @@ var (
 	ErrAppPasswordExists = errors.New("app password name already in use")
 	// ErrAppPasswordNotFound means no app password has that name.
 	ErrAppPasswordNotFound = errors.New("app password not found")
+	// ErrInvalidRecoveryKey means createAccount's recoveryKey is not a
+	// did:key of a K-256 or P-256 public key.
+	ErrInvalidRecoveryKey = errors.New("invalid recovery key")
 	// ErrInvalidAppPassword means an app password name breaks the rules,
 	// or the account has as many app passwords as allowed.
 	ErrInvalidAppPassword = errors.New("invalid app password request")

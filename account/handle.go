@@ -1,6 +1,8 @@
 package account
 
 import (
+	"context"
+	"errors"
 	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -70,4 +72,46 @@ func (s *Service) IsHostedHandle(h syntax.Handle) bool {
 		}
 	}
 	return false
+}
+
+// HandleResolver finds the DID a handle names, by DNS TXT
+// (_atproto.<handle>) then https://<handle>/.well-known/atproto-did, as
+// package outbound's Client does through its guard. It must not cache: a
+// handle is checked as it resolves at the time of the change.
+type HandleResolver interface {
+	ResolveHandle(ctx context.Context, h syntax.Handle) (syntax.DID, error)
+}
+
+// ErrHandleNotResolved means a handle outside the server's domains does not
+// resolve to the account's DID (the reference PDS's "External handle did
+// not resolve to DID").
+var ErrHandleNotResolved = errors.New("external handle did not resolve to DID")
+
+// CheckHandle is NormalizeHandle for the handle did asks for: a name under
+// the server's domains follows the same rules; any other name (a domain of
+// the user's own) must have a top-level domain handles may use
+// (ErrInvalidHandle) and resolve, through resolve and at the time of the
+// call, to did (ErrHandleNotResolved). Without a resolver only the
+// server's domains are accepted (ErrUnsupportedDomain).
+func (s *Service) CheckHandle(ctx context.Context, raw string, did syntax.DID, resolve HandleResolver) (syntax.Handle, error) {
+	h, err := syntax.ParseHandle(strings.TrimSpace(raw))
+	if err != nil || resolve == nil || s.IsHostedHandle(h) {
+		return s.NormalizeHandle(raw)
+	}
+	h = h.Normalize()
+	if !h.AllowedTLD() || h.IsInvalidHandle() {
+		return "", ruleErr(ErrInvalidHandle, "handle %s: its top-level domain is reserved and cannot be resolved", h)
+	}
+	got, err := resolve.ResolveHandle(ctx, h)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		s.log.Debug("handle not resolved", "handle", h, "did", did, "error", err)
+		return "", ruleErr(ErrHandleNotResolved, "External handle did not resolve to DID: %s has no _atproto TXT record or /.well-known/atproto-did naming %s", h, did)
+	}
+	if got != did {
+		return "", ruleErr(ErrHandleNotResolved, "External handle did not resolve to DID: %s names another DID, not %s", h, did)
+	}
+	return h, nil
 }

@@ -42,6 +42,8 @@ const DefaultKeyCacheSize = 10_000
 type KeyStore struct {
 	pool *pgxpool.Pool
 	aead cipher.AEAD
+	// reserve derives the signing keys reserved for DIDs (reserved.go).
+	reserve []byte
 
 	mu    sync.Mutex
 	cache map[syntax.DID]*atcrypto.PrivateKeyK256
@@ -68,7 +70,11 @@ func NewKeyStore(pool *pgxpool.Pool, secret []byte) (*KeyStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KeyStore{pool: pool, aead: aead, cache: map[syntax.DID]*atcrypto.PrivateKeyK256{}, max: DefaultKeyCacheSize}, nil
+	reserve, err := hkdf.Key(sha256.New, secret, nil, reserveInfo, 32)
+	if err != nil {
+		return nil, err
+	}
+	return &KeyStore{pool: pool, aead: aead, reserve: reserve, cache: map[syntax.DID]*atcrypto.PrivateKeyK256{}, max: DefaultKeyCacheSize}, nil
 }
 
 // SigningKey returns did's signing key. An unknown DID is

@@ -18,9 +18,15 @@ import (
 
 // UpdateHandle changes did's handle: the PLC document first (inside the
 // transaction, so a directory failure changes nothing), then the row and
-// an #identity event.
+// an #identity event. A handle outside the server's domains needs
+// ResolveHandlesWith among opts, and is checked (CheckHandle) before
+// anything is locked.
 func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, opts ...WriteOption) (syntax.Handle, error) {
-	handle, err := s.NormalizeHandle(raw)
+	var o writeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	handle, err := s.CheckHandle(ctx, raw, did, o.resolver)
 	if err != nil {
 		return "", err
 	}

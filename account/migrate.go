@@ -163,6 +163,9 @@ func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, l
 // new server took the DID), it is recorded as moved away: a later
 // createAccount bringing the DID back here may then replace it. A
 // directory that cannot be read records nothing; the deactivation goes on.
+// A taken-down account stays taken down (deactivating is the last step of
+// moving away, which such an account may take, and must not lift the
+// takedown, whatever happened since the caller was authorised).
 func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
 	elsewhere := false
 	op, _, err := s.plc.Last(ctx, did)
@@ -171,7 +174,12 @@ func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
 	} else {
 		elsewhere = op.Services[plc.ServiceID].Endpoint != s.cfg.PublicURL
 	}
-	deactivate := func(Status) Status { return StatusDeactivated }
+	deactivate := func(from Status) Status {
+		if from == StatusTakendown {
+			return from
+		}
+		return StatusDeactivated
+	}
 	return s.setStatus(ctx, did, deactivate, func(ctx context.Context, tx db.DBTX, from, to Status) error {
 		if from != StatusActive || to != StatusDeactivated || !elsewhere {
 			return nil

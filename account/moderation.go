@@ -48,6 +48,15 @@ type WriteOption func(*writeOptions)
 type writeOptions struct {
 	first []TxFunc
 	also  []TxFunc
+	// resolver checks handles outside the server's domains
+	// (ResolveHandlesWith).
+	resolver HandleResolver
+}
+
+// ResolveHandlesWith lets UpdateHandle accept a handle outside the
+// server's domains that r resolves to the account's DID (CheckHandle).
+func ResolveHandlesWith(r HandleResolver) WriteOption {
+	return func(o *writeOptions) { o.resolver = r }
 }
 
 // Also runs fn inside the change's transaction, after the change, even

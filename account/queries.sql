@@ -9,15 +9,15 @@ SELECT
     EXISTS (SELECT 1 FROM accounts WHERE email = $2 AND did <> $3);
 
 -- name: GetAccountByDID
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at, email_auth_factor
 FROM accounts WHERE did = $1;
 
 -- name: GetAccountByHandle
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at, email_auth_factor
 FROM accounts WHERE handle = $1;
 
 -- name: GetAccountByEmail
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at, email_auth_factor
 FROM accounts WHERE email = $1;
 
 -- name: LockAccount
@@ -63,11 +63,17 @@ SELECT CASE WHEN EXISTS (
 INSERT INTO refresh_tokens (jti, session_id, did, app_password_name, expires_at)
 VALUES ($1, $2, $3, $4, $5);
 
+-- name: InsertTakendownSession
+-- A taken-down account's session (ScopeTakendown): it lives as long as its
+-- access token ($4) and is never refreshed.
+INSERT INTO refresh_tokens (jti, session_id, did, expires_at, takendown)
+VALUES ($1, $2, $3, $4, true);
+
 -- name: LockRefreshToken
 SELECT r.session_id, r.app_password_name,
        coalesce((SELECT p.privileged FROM app_passwords p
                  WHERE p.did = r.did AND p.name = r.app_password_name), false),
-       r.next_jti
+       r.next_jti, r.takendown
 FROM refresh_tokens r
 WHERE r.jti = $1 AND r.did = $2 AND r.expires_at > now()
 FOR UPDATE;
@@ -145,7 +151,7 @@ SELECT 1 FROM repo_roots WHERE did = $1 FOR UPDATE;
 UPDATE accounts SET invites_disabled = $2, updated_at = now() WHERE did = $1;
 
 -- name: GetAccountsByDID
-SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at
+SELECT did, handle, coalesce(email, ''), status, invites_disabled, created_at, password_hash, email_confirmed_at, email_auth_factor
 FROM accounts WHERE did = ANY($1::text[]) ORDER BY did;
 
 -- name: InviteUsedBy

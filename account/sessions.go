@@ -40,8 +40,39 @@ func (s *Service) Login(ctx context.Context, identifier, password string) (*Acco
 // hashed. a is nil when no account has the identifier: the check then
 // takes as long as a wrong password and fails with ErrAuthFailed. With
 // every hash slot taken it waits its turn, and fails with ErrPasswordBusy
-// when the queue is full or the wait runs out.
+// when the queue is full or the wait runs out. A taken-down account is
+// ErrAccountTakendown once its password checked out (LoginTakendown lets
+// it in).
 func (s *Service) LoginAccount(ctx context.Context, a *Account, password string) (*Account, *AppPasswordInfo, error) {
+	a, app, err := s.checkLogin(ctx, a, password)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.Status == StatusTakendown {
+		return nil, nil, ErrAccountTakendown
+	}
+	return a, app, nil
+}
+
+// LoginTakendown is LoginAccount for createSession's allowTakendown: a
+// taken-down account signs in too, with its account password only (an app
+// password of a taken-down account is a wrong password, as in the
+// reference PDS); start its session with CreateSession, which gives it
+// ScopeTakendown.
+func (s *Service) LoginTakendown(ctx context.Context, a *Account, password string) (*Account, *AppPasswordInfo, error) {
+	a, app, err := s.checkLogin(ctx, a, password)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.Status == StatusTakendown && app != nil {
+		return nil, nil, ErrAuthFailed
+	}
+	return a, app, nil
+}
+
+// checkLogin checks password against a's account password or app
+// passwords, whatever a's status.
+func (s *Service) checkLogin(ctx context.Context, a *Account, password string) (*Account, *AppPasswordInfo, error) {
 	if a == nil {
 		if err := s.hash.dummyVerify(ctx, password); err != nil {
 			return nil, nil, err
@@ -65,14 +96,22 @@ func (s *Service) LoginAccount(ctx context.Context, a *Account, password string)
 			return nil, nil, ErrAuthFailed
 		}
 	}
-	if a.Status == StatusTakendown {
-		return nil, nil, ErrAccountTakendown
-	}
 	return a, app, nil
 }
 
 // CreateSession starts a session for did (after Login).
 func (s *Service) CreateSession(ctx context.Context, did syntax.DID, app *AppPasswordInfo) (*Session, error) {
+	return s.startSession(ctx, did, func(tx pgx.Tx) (*Session, error) { return s.newSession(ctx, tx, did, app) })
+}
+
+// CreateTakendownSession starts the ScopeTakendown session of a taken-down
+// account (after LoginTakendown): it lasts as long as its access token and
+// cannot be refreshed.
+func (s *Service) CreateTakendownSession(ctx context.Context, did syntax.DID) (*Session, error) {
+	return s.startSession(ctx, did, func(tx pgx.Tx) (*Session, error) { return s.newTakendownSession(ctx, tx, did) })
+}
+
+func (s *Service) startSession(ctx context.Context, did syntax.DID, start func(pgx.Tx) (*Session, error)) (*Session, error) {
 	var sess *Session
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Expired refresh rows are swept here, per account, rather than by
@@ -81,10 +120,25 @@ func (s *Service) CreateSession(ctx context.Context, did syntax.DID, app *AppPas
 			return db.Translate(err)
 		}
 		var err error
-		sess, err = s.newSession(ctx, tx, did, app)
+		sess, err = start(tx)
 		return err
 	})
 	return sess, err
+}
+
+// newTakendownSession stores and issues a ScopeTakendown session, whose
+// refresh token expires with its access token.
+func (s *Service) newTakendownSession(ctx context.Context, tx db.DBTX, did syntax.DID) (*Session, error) {
+	sid, jti := randomID(), randomID()
+	exp := s.cfg.Now().Add(s.cfg.AccessTTL)
+	sess, err := s.tokens.issueWithExpiry(did, ScopeTakendown, sid, jti, exp)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, qInsertTakendownSession, jti, sid, did.String(), exp); err != nil {
+		return nil, fmt.Errorf("storing session: %w", db.Translate(err))
+	}
+	return sess, nil
 }
 
 func scopeFor(app *AppPasswordInfo) string {
@@ -141,13 +195,18 @@ func (s *Service) Refresh(ctx context.Context, refreshToken string) (*Account, *
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var sid string
 		var appName, next *string
-		var privileged bool
-		err := db.Translate(tx.QueryRow(ctx, qLockRefreshToken, c.ID, c.DID.String()).Scan(&sid, &appName, &privileged, &next))
+		var privileged, takendown bool
+		err := db.Translate(tx.QueryRow(ctx, qLockRefreshToken, c.ID, c.DID.String()).Scan(&sid, &appName, &privileged, &next, &takendown))
 		if errors.Is(err, db.ErrNotFound) {
 			return ruleErr(ErrInvalidToken, "refresh token has been revoked or has expired")
 		}
 		if err != nil {
 			return err
+		}
+		if takendown {
+			// Even after the takedown is lifted: such a session was opened
+			// to move away, and signing in again gives a full one.
+			return ruleErr(ErrInvalidToken, "a session of a taken-down account cannot be refreshed; sign in again")
 		}
 		var app *AppPasswordInfo
 		if appName != nil {
@@ -220,6 +279,10 @@ type Auth struct {
 	OAuth *oauth.AccessInfo
 }
 
+// Takendown reports whether the session is one a taken-down account
+// opened to move away (ScopeTakendown).
+func (a *Auth) Takendown() bool { return a.OAuth == nil && a.Scope == ScopeTakendown }
+
 // FullAccess reports whether the session was made with the account
 // password (not an app password).
 func (a *Auth) FullAccess() bool { return a.OAuth == nil && a.Scope == ScopeAccess }
@@ -269,12 +332,13 @@ func (s *Service) Authenticate(ctx context.Context, accessToken string) (*Auth, 
 }
 
 // ParseAccess verifies an access token without the database: signature,
-// type, audience, expiry, scope. The account's state and the session's
+// type, audience, expiry, scope (ScopeTakendown included: check
+// Auth.Takendown before letting it act). The account's state and the session's
 // liveness are not checked: the caller must run WriteGuard in the
 // transaction it acts in (or call Authenticate instead). Handle and Status
 // of the result are unset.
 func (s *Service) ParseAccess(accessToken string) (*Auth, error) {
-	c, err := s.tokens.parse(accessToken, typAccess, ScopeAccess, ScopeAppPass, ScopeAppPassPrivileged)
+	c, err := s.tokens.parse(accessToken, typAccess, ScopeAccess, ScopeAppPass, ScopeAppPassPrivileged, ScopeTakendown)
 	if err != nil {
 		return nil, err
 	}

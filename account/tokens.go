@@ -24,6 +24,10 @@ const (
 	ScopeAppPassPrivileged = "com.atproto.appPassPrivileged"
 	// ScopeRefresh is the scope of every refresh token.
 	ScopeRefresh = "com.atproto.refresh"
+	// ScopeTakendown is a session a taken-down account opened to move
+	// away (createSession with allowTakendown): it reaches only the
+	// methods that export the account or move it, and is never refreshed.
+	ScopeTakendown = "com.atproto.takendown"
 )
 
 // Token lifetimes, as in the reference PDS.

@@ -75,6 +75,13 @@ func (c *Config) validateProxy() error {
 			return settingError(svc.name, "%v", err)
 		}
 	}
+	if c.DNSServer != "" {
+		addr, err := ParseDNSServer(c.DNSServer)
+		if err != nil {
+			return settingError("dns-server", "%v", err)
+		}
+		c.DNSServer = addr
+	}
 	if c.ProxyHeaderTimeout <= 0 {
 		return settingError("proxy-header-timeout", "must be positive")
 	}
@@ -142,4 +149,18 @@ func (c *Config) checkReachable(raw string) error {
 		return fmt.Errorf("%s: outbound requests use plain http only to the networks --proxy-allow-private lists: use https, or %s (e.g. --proxy-allow-private %s)", raw, allowHint, example)
 	}
 	return fmt.Errorf("%s is a loopback or private address, which outbound requests do not reach: %s (e.g. --proxy-allow-private %s)", raw, allowHint, example)
+}
+
+// ParseDNSServer reads --dns-server: an IP address, with a port or not
+// (53), returned as "ip:port".
+func ParseDNSServer(raw string) (string, error) {
+	raw = strings.TrimSpace(raw)
+	if ap, err := netip.ParseAddrPort(raw); err == nil {
+		return ap.String(), nil
+	}
+	a, err := netip.ParseAddr(strings.Trim(raw, "[]"))
+	if err != nil {
+		return "", fmt.Errorf("%q is not an IP address or ip:port", raw)
+	}
+	return netip.AddrPortFrom(a, 53).String(), nil
 }

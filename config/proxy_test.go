@@ -41,6 +41,7 @@ func TestProxySettingsFromEnvAndFlags(t *testing.T) {
 		"BULWARK_PROXY_TOTAL_TIMEOUT":  "2m",
 		"BULWARK_PROXY_MIN_RATE":       "1KiB",
 		"BULWARK_PROXY_MAX_PER_CLIENT": "4",
+		"BULWARK_DNS_SERVER":           "127.0.0.53",
 	}
 	c, err := parse(t, env, "--proxy-body-timeout", "45s")
 	require.NoError(t, err)
@@ -55,6 +56,10 @@ func TestProxySettingsFromEnvAndFlags(t *testing.T) {
 	require.Equal(t, 2*time.Minute, c.ProxyTotalTimeout)
 	require.Equal(t, int64(1<<10), c.ProxyMinRate)
 	require.Equal(t, 4, c.ProxyMaxPerClient)
+	require.Equal(t, "127.0.0.53:53", c.DNSServer, "port 53 unless given")
+	c, err = parse(t, nil, "--dns-server", "[::1]:5353")
+	require.NoError(t, err)
+	require.Equal(t, "[::1]:5353", c.DNSServer)
 
 	// Both halves of a service empty turns it off.
 	c, err = parse(t, nil, "--mod-service-url", "", "--mod-service-did", "")
@@ -80,6 +85,8 @@ func TestProxySettingsInvalid(t *testing.T) {
 		{"total timeout under header timeout", nil, []string{"--proxy-total-timeout", "5s"}, "--proxy-total-timeout"},
 		{"min rate zero", nil, []string{"--proxy-min-rate", "0"}, "--proxy-min-rate"},
 		{"max per client zero", nil, []string{"--proxy-max-per-client", "0"}, "--proxy-max-per-client"},
+		{"dns server a name", nil, []string{"--dns-server", "dns.example.com"}, "--dns-server"},
+		{"dns server bad port", nil, []string{"--dns-server", "127.0.0.1:x"}, "--dns-server"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

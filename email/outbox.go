@@ -30,6 +30,8 @@ var (
 	qCancelAcctTokenMail = queries.MustGet("CancelAccountTokenMail")
 	qCancelTokenMail     = queries.MustGet("CancelTokenMail")
 	qPendingTokens       = queries.MustGet("PendingTokens")
+	qTokenIssued         = queries.MustGet("TokenIssued")
+	qCountTokenFailure   = queries.MustGet("CountTokenFailure")
 	qInsertMessage       = queries.MustGet("InsertMessage")
 	qExpireMessages      = queries.MustGet("ExpireMessages")
 	qClaimMessages       = queries.MustGet("ClaimMessages")

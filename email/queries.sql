@@ -3,7 +3,15 @@
 INSERT INTO email_tokens (did, purpose, code_hash, requested_at, expires_at)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (did, purpose) DO UPDATE
-SET code_hash = excluded.code_hash, requested_at = excluded.requested_at, expires_at = excluded.expires_at;
+SET code_hash = excluded.code_hash, requested_at = excluded.requested_at, expires_at = excluded.expires_at,
+    failures = 0;
+
+-- name: TokenIssued
+SELECT requested_at, expires_at FROM email_tokens WHERE did = $1 AND purpose = $2;
+
+-- name: CountTokenFailure
+UPDATE email_tokens SET failures = failures + 1 WHERE did = $1 AND purpose = $2
+RETURNING failures;
 
 -- name: LockToken
 SELECT code_hash, expires_at FROM email_tokens WHERE did = $1 AND purpose = $2 FOR UPDATE;

@@ -26,13 +26,14 @@ const (
 	KindResetPassword Kind = Kind(PurposeResetPassword)
 	KindDeleteAccount Kind = Kind(PurposeDeleteAccount)
 	KindPLCOperation  Kind = Kind(PurposePLCOperation)
+	KindSignIn        Kind = Kind(PurposeSignIn)
 	// KindAdminMessage is com.atproto.admin.sendEmail: a subject and
 	// content written by the administrator.
 	KindAdminMessage Kind = "admin_message"
 )
 
 // Kinds lists every Kind.
-var Kinds = []Kind{KindConfirmEmail, KindUpdateEmail, KindResetPassword, KindDeleteAccount, KindPLCOperation, KindAdminMessage}
+var Kinds = []Kind{KindConfirmEmail, KindUpdateEmail, KindResetPassword, KindDeleteAccount, KindPLCOperation, KindSignIn, KindAdminMessage}
 
 // Valid reports whether k is one of the Kind constants.
 func (k Kind) Valid() bool {

@@ -26,10 +26,14 @@ const (
 	PurposeResetPassword Purpose = "reset_password" // com.atproto.server.resetPassword
 	PurposeDeleteAccount Purpose = "delete_account" // com.atproto.server.deleteAccount
 	PurposePLCOperation  Purpose = "plc_operation"  // com.atproto.identity.signPlcOperation
+	// PurposeSignIn is Bulwark's own: the second factor of a password
+	// login (createSession's authFactorToken) when the account turned
+	// emailAuthFactor on.
+	PurposeSignIn Purpose = "sign_in"
 )
 
 // Purposes lists every Purpose.
-var Purposes = []Purpose{PurposeConfirmEmail, PurposeUpdateEmail, PurposeResetPassword, PurposeDeleteAccount, PurposePLCOperation}
+var Purposes = []Purpose{PurposeConfirmEmail, PurposeUpdateEmail, PurposeResetPassword, PurposeDeleteAccount, PurposePLCOperation, PurposeSignIn}
 
 // Valid reports whether p is one of the Purpose constants.
 func (p Purpose) Valid() bool {
@@ -195,6 +199,46 @@ func (t Tokens) use(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purp
 		return fmt.Errorf("email: consume %s: %w", purpose, db.Translate(err))
 	}
 	return nil
+}
+
+// IssuedWithin reports whether did has a live code for purpose issued
+// less than d ago (on the Tokens' clock).
+func (t Tokens) IssuedWithin(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purpose, d time.Duration) (bool, error) {
+	var issued, expires time.Time
+	err := db.Translate(q.QueryRow(ctx, qTokenIssued, did.String(), string(purpose)).Scan(&issued, &expires))
+	switch {
+	case errors.Is(err, db.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("email: token of %s: %w", purpose, err)
+	}
+	now := t.now()
+	return now.Before(expires) && now.Sub(issued) < d, nil
+}
+
+// Fail counts a wrong guess at did's live code for purpose; once max
+// guesses have failed the code is deleted (and its unsent mail
+// cancelled), so that guessing is bounded whatever else limits the
+// requests. It reports whether the code is void. Run it outside the
+// transaction the guess failed in, which rolls back.
+func (t Tokens) Fail(ctx context.Context, q db.DBTX, did syntax.DID, purpose Purpose, max int) (bool, error) {
+	var failures int
+	err := db.Translate(q.QueryRow(ctx, qCountTokenFailure, did.String(), string(purpose)).Scan(&failures))
+	switch {
+	case errors.Is(err, db.ErrNotFound):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("email: token of %s: %w", purpose, err)
+	case failures < max:
+		return false, nil
+	}
+	if _, err := q.Exec(ctx, qDeleteToken, did.String(), string(purpose)); err != nil {
+		return false, fmt.Errorf("email: token of %s: %w", purpose, db.Translate(err))
+	}
+	if _, err := q.Exec(ctx, qCancelTokenMail, did.String(), string(purpose), "too many wrong guesses", t.now()); err != nil {
+		return false, fmt.Errorf("email: token of %s: %w", purpose, db.Translate(err))
+	}
+	return true, nil
 }
 
 // RevokeAll deletes every code of did and cancels their unsent mail, as

@@ -47,8 +47,11 @@ type authOption func(*authPolicy)
 // activateAccount, checkAccountStatus, deleteSession...).
 func allowDeactivated() authOption { return func(p *authPolicy) { p.allowDeactivated = true } }
 
-// allowTakendown lets a taken-down account through (getServiceAuth, which
-// then allows it only what it needs to move away).
+// allowTakendown lets a taken-down account through, and the ScopeTakendown
+// session it opens to move away (createSession's allowTakendown): the
+// methods the reference PDS opens to that scope (getServiceAuth, which then
+// mints only for createAccount; the PLC signing methods; deactivateAccount;
+// getPreferences; createReport).
 func allowTakendown() authOption { return func(p *authPolicy) { p.allowTakendown = true } }
 
 // fullAccessOnly refuses app-password sessions: account management.
@@ -116,18 +119,27 @@ func (s *Server) requireAuth(r *http.Request, opts ...authOption) (*account.Auth
 	if err != nil {
 		return nil, err
 	}
+	// A taken-down account's session (account.ScopeTakendown) reaches
+	// only the methods that let it move away, whatever the account's
+	// status is now; it was made with the account password.
+	takendownScope := a.Takendown()
 	switch {
+	case takendownScope && !p.allowTakendown:
+		return nil, tokenInvalid("Bad token scope: a taken-down account's session may only export the account and move it away")
 	case a.Status == account.StatusTakendown && !p.allowTakendown:
 		return nil, account.ErrAccountTakendown
 	case a.Status == account.StatusDeactivated && !p.allowDeactivated:
 		return nil, account.ErrAccountDeactivated
-	case p.fullAccess && !a.FullAccess():
+	case p.fullAccess && !a.FullAccess() && !takendownScope:
 		return nil, tokenInvalid("bad token scope: this method needs a session made with the account password, not an app password")
-	case p.privileged && !a.Privileged():
+	case p.privileged && !a.Privileged() && !takendownScope:
 		return nil, tokenInvalid("bad token scope: this method needs a privileged app password or the account password")
 	}
 	return a, nil
 }
+
+// createReportNSID is the one proxied method a taken-down account may call.
+const createReportNSID = "com.atproto.moderation.createReport"
 
 // proxyCaller is who a proxied request comes from, for the service token
 // the proxy mints and its policy. Credentials are optional: a request
@@ -144,7 +156,13 @@ func (s *Server) proxyCaller(r *http.Request) (proxy.Caller, error) {
 	if r.Header.Get("Authorization") == "" {
 		return proxy.Caller{}, nil
 	}
-	a, err := s.requireAuth(r, allowDeactivated(), oauthAnyGrant())
+	opts := []authOption{allowDeactivated(), oauthAnyGrant()}
+	if r.URL.Path == "/xrpc/"+createReportNSID {
+		// A taken-down account may still report (appeal), as in the
+		// reference PDS.
+		opts = append(opts, allowTakendown())
+	}
+	a, err := s.requireAuth(r, opts...)
 	if err != nil {
 		return proxy.Caller{}, err
 	}
@@ -198,7 +216,7 @@ type writeAuth struct {
 func (s *Server) requireRepoWrite(r *http.Request, repoID string) (*writeAuth, error) {
 	if s.accounts != nil && strings.HasPrefix(repoID, "did:") {
 		if token, err := bearerToken(r); err == nil && token != "" {
-			if a, err := s.accounts.ParseAccess(token); err == nil && a.DID.String() == repoID {
+			if a, err := s.accounts.ParseAccess(token); err == nil && a.DID.String() == repoID && !a.Takendown() {
 				return &writeAuth{Auth: a, guard: account.WriteGuard(a)}, nil
 			}
 		}

@@ -131,7 +131,10 @@ func (s *Server) handleUpdateHandle(w http.ResponseWriter, r *http.Request) erro
 	if in.Handle == "" {
 		return newError(http.StatusBadRequest, "InvalidHandle", "handle is required")
 	}
-	if _, err := s.accounts.UpdateHandle(r.Context(), auth.DID, in.Handle); err != nil {
+	// A domain of the user's own is resolved now, through the guarded
+	// client (its DNS and request timeouts bound it) and without the
+	// directory's cache, and must name the caller's DID.
+	if _, err := s.accounts.UpdateHandle(r.Context(), auth.DID, in.Handle, account.ResolveHandlesWith(s.outbound)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)

@@ -134,7 +134,8 @@ type signPlcOperationInput struct {
 }
 
 func (s *Server) handleSignPlcOperation(w http.ResponseWriter, r *http.Request) error {
-	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), oauthIdentity("*"))
+	// A taken-down account may sign the operation that moves it away.
+	a, err := s.requireAuth(r, fullAccessOnly(), allowDeactivated(), allowTakendown(), oauthIdentity("*"))
 	if err != nil {
 		return err
 	}

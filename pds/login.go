@@ -40,10 +40,43 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request, identifier, passw
 	return s.loginFrom(r.Context(), w.Header(), s.clientIP(r), identifier, password)
 }
 
+// loginOptions are what a login accepts beyond an active or deactivated
+// account's credentials.
+type loginOptions struct {
+	// allowTakendown lets a taken-down account in with its account
+	// password (createSession's allowTakendown).
+	allowTakendown bool
+	// factorToken is the mailed sign-in code of an account with
+	// emailAuthFactor on (createSession's authFactorToken).
+	factorToken string
+}
+
+// loginWith is login with options, and the second factor checked: an
+// account with emailAuthFactor on that signs in with its password gets
+// account.ErrAuthFactorTokenRequired (and a mailed code) without
+// o.factorToken, or has it checked. Only a right password gets that far,
+// so a wrong one never sends mail.
+func (s *Server) loginWith(w http.ResponseWriter, r *http.Request, identifier, password string, o loginOptions) (*account.Account, *account.AppPasswordInfo, error) {
+	a, app, err := s.checkLogin(r.Context(), w.Header(), s.clientIP(r), identifier, password, o.allowTakendown)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.accounts.CheckAuthFactor(r.Context(), a, app, o.factorToken); err != nil {
+		return nil, nil, err
+	}
+	return a, app, nil
+}
+
 // loginFrom is login for a client at addr, with the rate limits' headers
 // set on h. The OAuth sign-in page shares it, so both ways of signing in
 // spend the same budgets.
 func (s *Server) loginFrom(ctx context.Context, h http.Header, addr netip.Addr, identifier, password string) (*account.Account, *account.AppPasswordInfo, error) {
+	return s.checkLogin(ctx, h, addr, identifier, password, false)
+}
+
+// checkLogin is loginFrom, letting a taken-down account in when
+// allowTakendown is set.
+func (s *Server) checkLogin(ctx context.Context, h http.Header, addr netip.Addr, identifier, password string, allowTakendown bool) (*account.Account, *account.AppPasswordInfo, error) {
 	addrKey := ratelimit.IPKey(addr)
 	ctx = account.WithClient(ctx, addrKey)
 	if err := s.rateLimitHeader(h, ratelimit.PolicyLoginAddress, addrKey, 1); err != nil {
@@ -62,7 +95,11 @@ func (s *Server) loginFrom(ctx context.Context, h http.Header, addr netip.Addr, 
 		// only cost time.
 		return nil, nil, account.ErrAuthFailed
 	}
-	a, app, err := s.accounts.LoginAccount(ctx, a, password)
+	check := s.accounts.LoginAccount
+	if allowTakendown {
+		check = s.accounts.LoginTakendown
+	}
+	a, app, err := check(ctx, a, password)
 	if errors.Is(err, account.ErrPasswordBusy) {
 		s.protect.limits.Get(ratelimit.PolicyLoginAddress).Refund(addrKey, 1)
 		s.protect.limits.Get(ratelimit.PolicyCreateSession).Refund(acctKey, 1)

@@ -3,12 +3,14 @@ package pds
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/email"
 	"github.com/bulwark-pds/bulwark/oauth"
 )
 
@@ -69,8 +71,24 @@ type oauthAccounts struct{ s *Server }
 // Login signs a person in on the authorization pages: the account's own
 // password only (an app password is refused as a wrong password: it is
 // for apps that cannot do OAuth), under the same limits as createSession
-// (loginFrom).
+// (loginFrom). An account with the email sign-in factor on is refused
+// (no code is mailed): the page has no field for the code yet; see
+// LoginWithCode.
 func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
+	return o.login(ctx, identifier, password, nil)
+}
+
+// LoginWithCode is Login for a page that asks for the mailed sign-in code
+// of an account with the email factor on: without code it mails one and
+// fails with an error wrapping account.ErrAuthFactorTokenRequired (show
+// the code field, keep the identifier; the person submits the password
+// again with the code); a wrong or used code wraps email.ErrTokenInvalid,
+// a lapsed one email.ErrTokenExpired (both also oauth.ErrLoginFailed).
+func (o *oauthAccounts) LoginWithCode(ctx context.Context, identifier, password, code string) (oauth.Account, error) {
+	return o.login(ctx, identifier, password, &code)
+}
+
+func (o *oauthAccounts) login(ctx context.Context, identifier, password string, code *string) (oauth.Account, error) {
 	s := o.s
 	addr, _ := ctx.Value(clientAddrKey).(netip.Addr)
 	a, app, err := s.loginFrom(ctx, http.Header{}, addr, identifier, password)
@@ -87,6 +105,20 @@ func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) 
 	case app != nil:
 		s.logger.Info("app password refused on the OAuth sign-in page", "did", a.DID)
 		return oauth.Account{}, oauth.ErrLoginFailed
+	case account.NeedsAuthFactor(a, app) && code == nil:
+		// Without a way to enter the code, the password alone must not
+		// open a session the factor is meant to guard.
+		s.logger.Info("OAuth sign-in refused: the account needs its email sign-in code", "did", a.DID)
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrAccountUnavailable, account.ErrAuthFactorTokenRequired)
+	}
+	if code != nil {
+		err := s.accounts.CheckAuthFactor(ctx, a, app, *code)
+		switch {
+		case errors.Is(err, email.ErrTokenInvalid), errors.Is(err, email.ErrTokenExpired):
+			return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrLoginFailed, err)
+		case err != nil:
+			return oauth.Account{}, err
+		}
 	}
 	return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
 }

@@ -99,13 +99,13 @@ func (s *Server) preferencesElsewhere(r *http.Request) bool {
 }
 
 // handleGetPreferences answers for the session's account; a deactivated
-// one too (a move copies preferences to the new, still deactivated
-// account and reads them from the old one).
+// or taken-down one too (a move copies preferences to the new, still
+// deactivated account and reads them from the old one).
 func (s *Server) handleGetPreferences(w http.ResponseWriter, r *http.Request) error {
 	if s.preferencesElsewhere(r) {
 		return s.serveProxy(w, r)
 	}
-	a, err := s.requireAuth(r, allowDeactivated())
+	a, err := s.requireAuth(r, allowDeactivated(), allowTakendown())
 	if err != nil {
 		return err
 	}

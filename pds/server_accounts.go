@@ -28,6 +28,42 @@ func (s *Server) registerAccountRoutes() {
 	s.procedure("com.atproto.server.deactivateAccount", s.handleDeactivateAccount)
 	s.query("com.atproto.server.checkAccountStatus", s.handleCheckAccountStatus)
 	s.procedure("com.atproto.server.deleteAccount", s.handleDeleteAccount)
+	s.procedure("com.atproto.server.reserveSigningKey", s.handleReserveSigningKey)
+	s.query("com.atproto.temp.checkSignupQueue", s.handleCheckSignupQueue)
+}
+
+// handleReserveSigningKey answers com.atproto.server.reserveSigningKey:
+// anyone may ask (as of the reference PDS), and nothing is stored: the key
+// reserved for a DID is derived from it (account.ReserveSigningKey), and
+// createAccount for that DID uses it.
+func (s *Server) handleReserveSigningKey(w http.ResponseWriter, r *http.Request) error {
+	var in struct {
+		DID string `json:"did"`
+	}
+	if r.ContentLength != 0 {
+		if err := decodeJSON(r, &in); err != nil {
+			return err
+		}
+	}
+	key, err := s.accounts.ReserveSigningKey(in.DID)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"signingKey": key})
+}
+
+// handleCheckSignupQueue answers com.atproto.temp.checkSignupQueue as the
+// reference PDS does without an entryway: this server has no sign-up
+// queue, so every account is activated. OAuth sessions are refused, as
+// there.
+func (s *Server) handleCheckSignupQueue(w http.ResponseWriter, r *http.Request) error {
+	if isDPoPAuth(r) {
+		return Forbidden("OAuth credentials are not supported for this endpoint")
+	}
+	if _, err := s.requireAuth(r, allowDeactivated()); err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, map[string]bool{"activated": true})
 }
 
 type createAccountInput struct {
@@ -59,9 +95,6 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	if len(in.PlcOp) > 0 && string(in.PlcOp) != "null" {
 		return InvalidRequest("unsupported input: plcOp (bringing a PLC operation is not supported)")
 	}
-	if in.RecoveryKey != "" {
-		return InvalidRequest("unsupported input: recoveryKey (add a recovery key later with a PLC operation)")
-	}
 	if in.Handle == "" {
 		return newError(http.StatusBadRequest, "InvalidHandle", "handle is required")
 	}
@@ -88,6 +121,7 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
 		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID, Audit: e, ServiceAuth: use,
+		RecoveryKey: in.RecoveryKey,
 	})
 	if err != nil {
 		return err
@@ -318,7 +352,10 @@ func (s *Server) handleActivateAccount(w http.ResponseWriter, r *http.Request) e
 }
 
 func (s *Server) handleDeactivateAccount(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, allowDeactivated(), fullAccessOnly())
+	// A taken-down account may call it, as the last step of moving away
+	// (the reference PDS allows it); its status stays takendown, which
+	// already says it is not served here.
+	auth, err := s.requireAuth(r, allowDeactivated(), allowTakendown(), fullAccessOnly())
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,9 @@ func (s *Server) handleRequestAccountDelete(w http.ResponseWriter, r *http.Reque
 // handleRequestPlcOperationSignature mails a plc_operation code, which
 // com.atproto.identity.signPlcOperation wants.
 func (s *Server) handleRequestPlcOperationSignature(w http.ResponseWriter, r *http.Request) error {
-	return s.requestCode(email.PurposePLCOperation, policyRequestPlcOperationSignature, fullAccessOnly(), oauthIdentity("*"))(w, r)
+	// A taken-down account may ask too: it signs the operation that moves
+	// it away.
+	return s.requestCode(email.PurposePLCOperation, policyRequestPlcOperationSignature, fullAccessOnly(), allowTakendown(), oauthIdentity("*"))(w, r)
 }
 
 type confirmEmailInput struct {
@@ -145,15 +147,12 @@ func (s *Server) handleUpdateEmail(w http.ResponseWriter, r *http.Request) error
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	if in.EmailAuthFactor != nil && *in.EmailAuthFactor {
-		// Accepting it silently would leave the user believing a second
-		// factor protects the account.
-		return InvalidRequest("this server does not offer email as a second sign-in factor")
-	}
 	if strings.TrimSpace(in.Email) == "" {
 		return InvalidRequest("email is required")
 	}
-	if err := s.accounts.UpdateEmail(r.Context(), auth.DID, in.Email, in.Token); err != nil {
+	// emailAuthFactor turns sign-in codes on or off; with a confirmed
+	// address that, like any change here, needs the mailed update code.
+	if err := s.accounts.UpdateEmail(r.Context(), auth.DID, in.Email, in.Token, in.EmailAuthFactor); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)

@@ -49,9 +49,7 @@ func (s *Server) sessionOutput(r *http.Request, a *account.Account, sess *accoun
 		out.AccessJwt, out.RefreshJwt = sess.AccessJwt, sess.RefreshJwt
 	}
 	if withEmail && a.Email != "" {
-		// Email as a second sign-in factor is not offered (updateEmail
-		// refuses to turn it on).
-		confirmed, authFactor := a.EmailConfirmedAt != nil, false
+		confirmed, authFactor := a.EmailConfirmedAt != nil, a.EmailAuthFactor
 		out.Email, out.EmailConfirmed, out.EmailAuthFactor = a.Email, &confirmed, &authFactor
 	}
 	return out, nil
@@ -61,6 +59,7 @@ type createSessionInput struct {
 	Identifier      string `json:"identifier"`
 	Password        string `json:"password"`
 	AuthFactorToken string `json:"authFactorToken"`
+	AllowTakendown  bool   `json:"allowTakendown"`
 }
 
 func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) error {
@@ -71,11 +70,19 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) err
 	if strings.TrimSpace(in.Identifier) == "" || in.Password == "" {
 		return InvalidRequest("identifier and password are required")
 	}
-	a, app, err := s.login(w, r, in.Identifier, in.Password)
+	a, app, err := s.loginWith(w, r, in.Identifier, in.Password, loginOptions{allowTakendown: in.AllowTakendown, factorToken: in.AuthFactorToken})
 	if err != nil {
 		return err
 	}
-	sess, err := s.accounts.CreateSession(r.Context(), a.DID, app)
+	var sess *account.Session
+	if a.Status == account.StatusTakendown {
+		// Only to move away: export the repository, sign the PLC
+		// operation, get a service token for the new server's
+		// createAccount (requireAuth's allowTakendown).
+		sess, err = s.accounts.CreateTakendownSession(r.Context(), a.DID)
+	} else {
+		sess, err = s.accounts.CreateSession(r.Context(), a.DID, app)
+	}
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 	if _, err := syntax.ParseDID(did); err != nil {
 		return InvalidRequest("aud must be a DID or a did#service reference, not %q", aud)
 	}
-	if auth.Status == account.StatusTakendown && lxm != createAccountNSID {
+	if (auth.Status == account.StatusTakendown || auth.Takendown()) && lxm != createAccountNSID {
 		return tokenInvalid("Bad token scope: a taken-down account may only request a service auth token for " + createAccountNSID)
 	}
 	if lxm != "" {
@@ -55,9 +55,14 @@ func (s *Server) handleGetServiceAuth(w http.ResponseWriter, r *http.Request) er
 		}
 	}
 	// A token without lxm is one for any method: an OAuth session needs
-	// rpc:* for it.
-	if err := checkRPCAccess(auth, lxm, aud); err != nil {
-		return err
+	// rpc:* for it. createAccount is privileged; a taken-down account's
+	// session, made with the account password, may have it to move away
+	// (the reference PDS means to allow this, but its privileged-method
+	// check refuses its own takendown scope).
+	if !auth.Takendown() {
+		if err := checkRPCAccess(auth, lxm, aud); err != nil {
+			return err
+		}
 	}
 	ttl := account.ServiceAuthDefaultTTL
 	if expRaw != "" {

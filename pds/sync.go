@@ -144,6 +144,41 @@ func (s *Server) handleGetRepo(w http.ResponseWriter, r *http.Request) error {
 			return InvalidRequest("parameter \"since\" must be a repo rev (a TID): %v", err)
 		}
 	}
+	return s.exportRepo(w, r, did, since)
+}
+
+// handleGetCheckout answers com.atproto.sync.getCheckout (deprecated, still
+// called by older tools): the whole repository as a CAR, exactly what
+// getRepo without since answers, under the same bounds.
+func (s *Server) handleGetCheckout(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	return s.exportRepo(w, r, did, "")
+}
+
+// handleGetHead answers com.atproto.sync.getHead (deprecated): the CID of
+// the repository's current commit, with getLatestCommit's availability
+// rules.
+func (s *Server) handleGetHead(w http.ResponseWriter, r *http.Request) error {
+	p := queryParams(r)
+	did := p.did("did")
+	if err := p.Err(); err != nil {
+		return err
+	}
+	st, err := s.availableRepoFor(r, did)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"root": st.head.Commit.String()})
+}
+
+// exportRepo streams did's repository (the blocks written after since,
+// when set) as a CAR: from the cache when whole, else from one database
+// snapshot.
+func (s *Server) exportRepo(w http.ResponseWriter, r *http.Request, did syntax.DID, since string) error {
 	if since == "" && s.carCache != nil {
 		return s.serveCachedRepo(w, r, did)
 	}
@@ -582,6 +617,8 @@ func (s *Server) registerSyncRoutes() {
 		return
 	}
 	s.query("com.atproto.sync.getRepo", s.handleGetRepo, longRunning())
+	s.query("com.atproto.sync.getCheckout", s.handleGetCheckout, longRunning())
+	s.query("com.atproto.sync.getHead", s.handleGetHead)
 	s.query("com.atproto.sync.getLatestCommit", s.handleGetLatestCommit)
 	s.query("com.atproto.sync.getRecord", s.handleSyncGetRecord)
 	s.query("com.atproto.sync.getBlocks", s.handleGetBlocks)

@@ -74,6 +74,10 @@ type Identity struct {
 	Handle      syntax.Handle
 	SigningKey  atcrypto.PublicKey
 	PDSEndpoint string
+	// RecoveryKey, when set, is a rotation key of the account holder's
+	// own (a did:key), put ahead of the server's in the genesis
+	// operation: it can override the server's operations for 72 hours.
+	RecoveryKey string
 }
 
 // Genesis builds and signs a genesis operation for a new account. The DID
@@ -86,6 +90,9 @@ func (c *Client) Genesis(id Identity) (syntax.DID, *didplc.RegularOp, error) {
 	}
 	op := c.regularOp(id, nil)
 	op.RotationKeys = []string{c.rotationDID}
+	if id.RecoveryKey != "" && id.RecoveryKey != c.rotationDID {
+		op.RotationKeys = []string{id.RecoveryKey, c.rotationDID}
+	}
 	if err := op.Sign(c.rotationKey); err != nil {
 		return "", nil, fmt.Errorf("signing plc genesis: %w", err)
 	}

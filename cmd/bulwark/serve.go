@@ -221,6 +221,7 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	opts.Outbound = outbound.New(outbound.Config{
 		AllowCIDRs: cfg.ProxyAllowPrivate,
 		Timeout:    max(outbound.DefaultTimeout, cfg.ProxyHeaderTimeout),
+		Resolver:   dnsResolver(cfg),
 		Logger:     logger,
 	})
 	opts.Keys = keys
@@ -331,4 +332,17 @@ func (r *runningServices) stop() {
 type service struct {
 	name string
 	run  func(ctx context.Context) error
+}
+
+// dnsResolver is a resolver that asks only --dns-server, or nil (the
+// system's) when it is not set.
+func dnsResolver(cfg *config.Config) outbound.Resolver {
+	if cfg.DNSServer == "" {
+		return nil
+	}
+	addr := cfg.DNSServer
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}
 }
