@@ -138,7 +138,7 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyImportRepo:       {{Name: "hour", Limit: 10, Window: time.Hour}, {Name: "day", Limit: 20, Window: Day}},
 		// Three mails at once (a code, a resend, a reset), then one every
 		// 100 s; ten an hour and twenty-five a day in all.
-		PolicyMailRecipient: {{Name: "5m", Limit: 3, Window: fiveMin}, {Name: "hour", Limit: 10, Window: time.Hour}, {Name: "day", Limit: 25, Window: Day}},
+		PolicyMailRecipient: {{Name: "5m", Limit: 5, Window: fiveMin}, {Name: "hour", Limit: 15, Window: time.Hour}, {Name: "day", Limit: 40, Window: Day}},
 
 		PolicyOAuthPage:        {{Name: "5m", Limit: 200, Window: fiveMin}},
 		PolicyOAuthMetadata:    {{Name: "5m", Limit: 1000, Window: fiveMin}},

@@ -18,11 +18,11 @@ import (
 // all get a session.
 func TestServeServiceAuthUploadAndLoginBurst(t *testing.T) {
 	t.Parallel()
-	// The wait for a hash slot is raised from its default (5 s) so that a
+	// The wait for a hash slot is raised from its default (5 s) to its most (30 s) so that a
 	// loaded test machine, where one hash takes seconds, still measures
 	// the queue rather than the machine: what is asserted is that the
 	// eight queue instead of being refused at once.
-	s := startLiveServer(t, serverOptions{extra: []string{"--ratelimits", "", "--password-wait", "2m"}})
+	s := startLiveServer(t, serverOptions{extra: []string{"--ratelimits", "", "--password-wait", "30s"}})
 	var acct struct {
 		AccessJwt string `json:"accessJwt"`
 		DID       string `json:"did"`
