@@ -53,6 +53,7 @@ type pageData struct {
 	Accounts    []Account
 	Account     Account
 	Permissions []string
+	Sets        []permissionGroup
 	Switch      bool
 	Grants      []grantView
 	// Error page.
@@ -66,6 +67,7 @@ type grantView struct {
 	Created     string
 	LastUsed    string
 	Permissions []string
+	Sets        []permissionGroup
 }
 
 const basePolicy = "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"

@@ -3,6 +3,7 @@ package pds
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 
@@ -82,6 +83,8 @@ func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) 
 		return oauth.Account{}, oauth.ErrLoginFailed
 	case errors.Is(err, account.ErrAccountTakendown):
 		return oauth.Account{}, oauth.ErrAccountUnavailable
+	case errors.Is(err, account.ErrPasswordBusy):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrBusy, err)
 	case err != nil:
 		return oauth.Account{}, err
 	case app != nil:

@@ -45,6 +45,8 @@ type oauthEnvOptions struct {
 	// options adjusts the server's Options (rate limits, the proxy's
 	// outbound client).
 	options func(*Options)
+	// env adjusts the account environment (password slots).
+	env func(*envOptions)
 }
 
 func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
@@ -64,7 +66,7 @@ func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
 	})
 	e.apps = httptest.NewTLSServer(mux)
 	t.Cleanup(e.apps.Close)
-	e.accountEnv = newAccountEnv(t, envOptions{
+	eo := envOptions{
 		sessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
 		configure:     oo.configure,
 		blobs:         true,
@@ -77,7 +79,11 @@ func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
 				oo.options(o)
 			}
 		},
-	})
+	}
+	if oo.env != nil {
+		oo.env(&eo)
+	}
+	e.accountEnv = newAccountEnv(t, eo)
 	return e
 }
 
