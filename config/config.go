@@ -163,6 +163,11 @@ type Config struct {
 	// http or https: a private deployment's app view, local development.
 	// Empty: public unicast addresses only, https only.
 	ProxyAllowPrivate []netip.Prefix
+	// DNSServer is the DNS server (host:port, an IP address) the server's
+	// outbound lookups ask: handle TXT records, lexicon authorities
+	// (_lexicon TXT records, for OAuth permission sets) and the names of
+	// the hosts it connects to. Empty: the system's resolver.
+	DNSServer string
 	// FirehoseRate is how many subscribeRepos connections one client may
 	// open, refilled continuously (token bucket).
 	FirehoseRate Rate

@@ -54,6 +54,7 @@ func (c *Config) settings() []setting {
 		{"proxy-body-timeout", "longest wait for more of a proxied service's response body", (*durationValue)(&c.ProxyBodyTimeout)},
 		{"proxy-max-response", "largest response body a proxied service may send, like 10MiB", (*byteSize)(&c.ProxyMaxResponse)},
 		{"proxy-allow-private", "comma-separated CIDRs outbound requests (service proxy, handle and did:web resolution, OAuth client metadata, relay watch) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
+		{"dns-server", "DNS server (IP:port) for outbound lookups: handle and lexicon TXT records, hosts to connect to (empty = the system's resolver)", (*stringValue)(&c.DNSServer)},
 		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
 		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},
 		{"firehose-retention", "how long firehose events are kept for cursor replay", (*durationValue)(&c.FirehoseRetention)},

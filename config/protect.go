@@ -3,6 +3,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"unicode/utf8"
 )
@@ -40,6 +42,12 @@ func (c *Config) validateProtect() error {
 	for _, p := range c.ProxyAllowPrivate {
 		if p.Bits() == 0 {
 			return settingError("proxy-allow-private", "%s would allow every address: list only the private networks the server must reach", p)
+		}
+	}
+	if c.DNSServer != "" {
+		host, port, err := net.SplitHostPort(c.DNSServer)
+		if _, perr := netip.ParseAddr(host); err != nil || perr != nil || port == "" {
+			return settingError("dns-server", "must be an IP address and port, like 127.0.0.1:53 or [::1]:53")
 		}
 	}
 	if c.ListMaxBytes < MinListMaxBytes {

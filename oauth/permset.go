@@ -194,7 +194,9 @@ func (ps *permissionSet) expand(aud string) []string {
 				perm.Audience = aud
 			}
 		}
-		if s := perm.ScopeString(); !slices.Contains(out, s) {
+		// "*" needs no escaping in a query; written plainly, as the
+		// reference server writes it.
+		if s := strings.ReplaceAll(perm.ScopeString(), "%2A", "*"); !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 	}

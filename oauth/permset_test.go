@@ -59,7 +59,7 @@ func postsSetGrants() []string {
 	}
 	out := []string{"atproto"}
 	for _, p := range perms {
-		out = append(out, p.ScopeString())
+		out = append(out, strings.ReplaceAll(p.ScopeString(), "%2A", "*"))
 	}
 	return out
 }

@@ -10,18 +10,20 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/lexresolve"
 	"github.com/bulwark-pds/bulwark/oauth"
 )
 
 // The OAuth authorization server (package oauth) on this server's mux:
 // the metadata documents, PAR, the sign-in and consent pages, token,
 // revocation and the connected-apps page, with accounts signed in through
-// the account service under the createSession rate limit, and every route
-// under the oauth* rate limits of the client's address.
+// the account service under the createSession rate limit, every route
+// under the oauth* rate limits of the client's address, and permission
+// sets resolved through the outbound client (package lexresolve).
 
 // newOAuth builds the authorization server of opts.OAuth over this
 // server's database and accounts.
-func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
+func (s *Server) newOAuth(opts Options, dids lexresolve.DIDResolver) (*oauth.Server, error) {
 	if s.accounts == nil {
 		return nil, errors.New("pds: OAuth needs accounts")
 	}
@@ -34,6 +36,12 @@ func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
 	cfg.ClientAddr = s.clientIP
 	if cfg.Logger == nil {
 		cfg.Logger = s.logger
+	}
+	// Permission sets (include: scopes) are resolved as the lexicon spec
+	// publishes them, through the one guarded client and its resolver,
+	// with DIDs from the server's directory.
+	if cfg.Lexicons == nil {
+		cfg.Lexicons = lexresolve.New(s.outbound, dids)
 	}
 	return oauth.New(cfg)
 }

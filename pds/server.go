@@ -282,7 +282,7 @@ func New(opts Options) (*Server, error) {
 		s.carCache = c
 	}
 	if opts.OAuth != nil {
-		o, err := s.newOAuth(opts)
+		o, err := s.newOAuth(opts, dir)
 		if err != nil {
 			return nil, err
 		}

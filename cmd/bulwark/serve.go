@@ -221,6 +221,7 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	opts.Outbound = outbound.New(outbound.Config{
 		AllowCIDRs: cfg.ProxyAllowPrivate,
 		Timeout:    max(outbound.DefaultTimeout, cfg.ProxyHeaderTimeout),
+		Resolver:   dnsResolver(cfg),
 		Logger:     logger,
 	})
 	opts.Keys = keys

@@ -34,15 +34,11 @@ type Server struct {
 	queries map[string]int
 }
 
-// Start serves on addr ("127.0.0.1:0" picks a free port).
+// Start serves on addr ("127.0.0.1:0" picks a port free for both UDP
+// and TCP).
 func Start(addr string) (*Server, error) {
-	pc, err := net.ListenPacket("udp", addr)
+	pc, ln, err := listen(addr)
 	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		pc.Close()
 		return nil, err
 	}
 	s := &Server{Addr: pc.LocalAddr().String(), txt: map[string][]string{}, addrs: map[string][]netip.Addr{},
@@ -58,6 +54,29 @@ func Start(addr string) (*Server, error) {
 	<-started
 	<-started
 	return s, nil
+}
+
+// listen opens addr over UDP and TCP; with port 0, it tries ports until
+// one is free for both.
+func listen(addr string) (net.PacketConn, net.Listener, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	for try := 0; ; try++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		if port != "0" || try == 20 {
+			return nil, nil, err
+		}
+	}
 }
 
 // Close stops the server and releases every held name.
