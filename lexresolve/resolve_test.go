@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -189,4 +190,24 @@ func TestResolveOversizedProof(t *testing.T) {
 	_, err := e.resolve(t, setNSID)
 	require.ErrorIs(t, err, ErrFailed)
 	require.ErrorIs(t, err, outbound.ErrResponseTooLarge)
+}
+
+// TestResolveSlowPDS: a PDS that never answers costs the caller's
+// deadline, then fails.
+func TestResolveSlowPDS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stuck := make(chan struct{})
+	defer close(stuck)
+	e.pub.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-stuck:
+		case <-r.Context().Done():
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := e.res.Resolve(ctx, syntax.NSID(setNSID))
+	require.ErrorIs(t, err, ErrFailed)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
