@@ -3,6 +3,8 @@ package oauth
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/url"
@@ -108,6 +110,9 @@ type flow struct {
 	d   *device
 	req *authRequest
 	c   *client
+	// shown is the digest of the permissions the consent page showed
+	// (grantsDigest), or "" when none was shown.
+	shown string
 }
 
 func (f *flow) data(s *Server, title string) *pageData {
@@ -187,7 +192,17 @@ func (s *Server) signInPage(f *flow, status int, msg string) {
 }
 
 func (s *Server) consentPage(f *flow, a Account) {
-	sets, err := s.describeSets(f.r.Context(), f.req.Params.Scope)
+	s.consentPageWith(f, a, "")
+}
+
+func (s *Server) consentPageWith(f *flow, a Account, notice string) {
+	ctx := f.r.Context()
+	sets, err := s.describeSets(ctx, f.req.Params.Scope)
+	if err == nil {
+		var tokenScope string
+		tokenScope, err = s.tokenScope(ctx, f.req.Params.Scope)
+		f.shown = grantsDigest(tokenScope)
+	}
 	if err != nil {
 		s.flowError(f, err)
 		return
@@ -196,8 +211,17 @@ func (s *Server) consentPage(f *flow, a Account) {
 	d.Account = a
 	d.Permissions = DescribeScope(f.req.Params.Scope)
 	d.Sets = sets
+	d.Shown = f.shown
+	d.Notice = notice
 	d.Switch = f.req.Params.LoginHint == ""
 	s.page(f, http.StatusOK, "consent", d)
+}
+
+// grantsDigest names what a consent page showed: the approval must be
+// for the same permissions (a permission set may change meanwhile).
+func grantsDigest(tokenScope string) string {
+	sum := sha256.Sum256([]byte(tokenScope))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
 // flowError ends a step that failed on what the app asked for: an error
@@ -356,17 +380,22 @@ func (s *Server) postApprove(f *flow) {
 	if !ok {
 		return
 	}
+	f.shown = f.r.PostFormValue("grants")
 	s.approve(f, a, "authorization approved")
 }
 
 // approve issues the code for a, with the request's scope expanded as the
-// consent page showed it (the sets are cached since), and sends the
-// browser back to the app.
+// consent page showed it (f.shown; a page whose permissions have changed
+// since is shown again), and sends the browser back to the app.
 func (s *Server) approve(f *flow, a Account, logMsg string) {
 	ctx := f.r.Context()
 	tokenScope, err := s.tokenScope(ctx, f.req.Params.Scope)
 	if err != nil {
 		s.flowError(f, err)
+		return
+	}
+	if f.shown != "" && f.shown != grantsDigest(tokenScope) {
+		s.consentPageWith(f, a, "What this app asks for has changed since the page was shown. Review it again.")
 		return
 	}
 	code := "cod-" + randomToken(32)

@@ -54,8 +54,10 @@ type pageData struct {
 	Account     Account
 	Permissions []string
 	Sets        []permissionGroup
-	Switch      bool
-	Grants      []grantView
+	// Shown names the permissions the consent page shows (grantsDigest).
+	Shown  string
+	Switch bool
+	Grants []grantView
 	// Error page.
 	Message string
 	Back    string

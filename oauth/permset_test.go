@@ -145,3 +145,30 @@ func TestPermissionSetWithoutAudience(t *testing.T) {
 	require.Contains(t, a.str("scope"), "com.example.report")
 	require.Equal(t, http.StatusForbidden, c.call(a.str("access_token"), c.key, "check=rpc&lxm=com.example.getFeed&aud="+url.QueryEscape(svcAud)).StatusCode)
 }
+
+// TestPermissionSetChangedBeforeApproval: when the set changes between
+// the consent page and the approval, the page is shown again with what it
+// grants now; the person approves what they saw.
+func TestPermissionSetChangedBeforeApproval(t *testing.T) {
+	t.Parallel()
+	lx := newLexicons()
+	const nsid = "com.example.authDrafts"
+	lx.publish(t, nsid, "Drafts", repoPerm([]string{"create"}, "com.example.draft"))
+	f := setupSets(t, lx)
+	c := f.rawClient("drafts", "atproto include:"+nsid)
+	b := f.browser()
+	p := b.SignIn(c.authURL(c.parForm()), "alice.test", "alice password")
+	require.Contains(t, p.Body, "Create records of kind com.example.draft")
+
+	lx.publish(t, nsid, "Drafts", repoPerm(nil, "com.example.draft"))
+	f.oauth.AgeSets(oauth.SetFreshFor)
+	form := p.FormFields(t, "consent-form")
+	form.Set("action", "approve")
+	p = b.Post(oauth.PathAuthorize, form)
+	require.Equal(t, http.StatusOK, p.Status, "shown again, not approved")
+	require.Contains(t, p.Body, "has changed since the page was shown")
+	require.Contains(t, html.UnescapeString(p.Body), "Create, change and delete records of kind com.example.draft")
+	a := c.exchange(b.Approve(p).Get("code"))
+	require.Equal(t, http.StatusOK, a.status, a.body)
+	require.Equal(t, "atproto repo:com.example.draft", a.str("scope"))
+}
