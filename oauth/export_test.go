@@ -13,18 +13,8 @@ func (s *Server) AgeSets(d time.Duration) {
 	}
 }
 
-// SetCacheStats is what the permission set cache holds: entries and the
-// bytes they are charged.
-func (s *Server) SetCacheStats() (entries, bytes int) {
-	s.sets.mu.Lock()
-	defer s.sets.mu.Unlock()
-	return len(s.sets.items), s.sets.bytes
-}
-
-// Bounds of the permission set cache, for tests that fill it.
+// Bounds and lifetimes of the permission set cache.
 const (
-	MaxCachedSets     = maxCachedSets
-	MaxSetCacheBytes  = maxSetCacheBytes
 	MaxSetResolutions = maxSetResolutions
 	SetFreshFor       = setFreshFor
 	SetUsableFor      = setUsableFor

@@ -57,6 +57,9 @@ type setCache struct {
 	log   *slog.Logger
 	slots chan struct{}
 	group singleflight.Group
+	// maxEntries and maxBytes bound the cache (maxCachedSets and
+	// maxSetCacheBytes).
+	maxEntries, maxBytes int
 
 	mu    sync.Mutex
 	items map[syntax.NSID]*setEntry
@@ -65,7 +68,8 @@ type setCache struct {
 
 func newSetCache(cfg *Config) *setCache {
 	return &setCache{cfg: cfg, res: cfg.Lexicons, log: cfg.Logger.With("component", "oauth"),
-		slots: make(chan struct{}, maxSetResolutions), items: map[syntax.NSID]*setEntry{}}
+		slots: make(chan struct{}, maxSetResolutions), items: map[syntax.NSID]*setEntry{},
+		maxEntries: maxCachedSets, maxBytes: maxSetCacheBytes}
 }
 
 func (sc *setCache) timeout() time.Duration {
@@ -183,7 +187,7 @@ func (sc *setCache) record(nsid syntax.NSID, set *permissionSet, err error) (*pe
 // entries go, then others, until it is three quarters full. sc.mu is held.
 func (sc *setCache) store(nsid syntax.NSID, e *setEntry) {
 	sc.remove(nsid)
-	if len(sc.items) >= maxCachedSets || sc.bytes+e.cost > maxSetCacheBytes {
+	if len(sc.items) >= sc.maxEntries || sc.bytes+e.cost > sc.maxBytes {
 		now := sc.cfg.Now()
 		for k, old := range sc.items {
 			if !now.Before(old.tried.Add(setFailureTTL)) && (old.set == nil || !now.Before(old.resolved.Add(setUsableFor))) {
@@ -191,7 +195,7 @@ func (sc *setCache) store(nsid syntax.NSID, e *setEntry) {
 			}
 		}
 		for k := range sc.items {
-			if len(sc.items) <= maxCachedSets*3/4 && sc.bytes+e.cost <= maxSetCacheBytes*3/4 {
+			if len(sc.items) <= sc.maxEntries*3/4 && sc.bytes+e.cost <= sc.maxBytes*3/4 {
 				break
 			}
 			sc.remove(k)

@@ -29,15 +29,18 @@ func setDocument(t *testing.T, nsid string, perms ...any) json.RawMessage {
 }
 
 // TestSetCacheBounded: however many distinct sets are named, published or
-// not, the cache holds at most maxCachedSets entries within
-// maxSetCacheBytes, and keeps working.
+// not, the cache holds at most its entries within its bytes (smaller
+// bounds here than the server's, the same code), and keeps working.
 func TestSetCacheBounded(t *testing.T) {
 	t.Parallel()
+	// Sets near the largest document, with few long names (quick to
+	// parse).
+	seg := strings.Repeat("a", 63)
 	var perms []any
 	for i := range maxSetPermissions {
 		var cols []string
-		for j := range 20 {
-			cols = append(cols, fmt.Sprintf("com.example.big.c%02dcollection%02d", i, j))
+		for j := range 4 {
+			cols = append(cols, fmt.Sprintf("com.example.big.%s.%s.%s.n%02d%d", seg, seg, seg, i, j))
 		}
 		perms = append(perms, map[string]any{"type": "permission", "resource": "repo", "collection": cols})
 	}
@@ -55,13 +58,14 @@ func TestSetCacheBounded(t *testing.T) {
 			return []byte(strings.Replace(string(doc), "com.example.big.authAll", string(nsid), 1)), nil
 		})}
 	sc := newSetCache(cfg)
+	sc.maxEntries, sc.maxBytes = 100, 1<<20
 	// Many small sets and failures (the entry bound), then large sets
 	// (the byte bound).
-	names := make([]string, 0, maxCachedSets+300)
-	for i := range maxCachedSets + 100 {
+	names := make([]string, 0, 200)
+	for i := range sc.maxEntries + 20 {
 		names = append(names, fmt.Sprintf("com.example.big.auth%d", i))
 	}
-	for i := range 200 {
+	for i := range 30 {
 		names = append(names, fmt.Sprintf("com.example.big.authBig%d", i))
 	}
 	for i, name := range names {
@@ -73,12 +77,12 @@ func TestSetCacheBounded(t *testing.T) {
 			require.NotEmpty(t, set.expand(""))
 		}
 		entries, bytes := sc.stats()
-		require.LessOrEqual(t, entries, maxCachedSets, i)
-		require.LessOrEqual(t, bytes, maxSetCacheBytes, i)
+		require.LessOrEqual(t, entries, sc.maxEntries, i)
+		require.LessOrEqual(t, bytes, sc.maxBytes, i)
 	}
 	entries, bytes := sc.stats()
-	require.Greater(t, entries, 50)
-	require.Greater(t, bytes, maxSetCacheBytes/2)
+	require.Greater(t, entries, 5)
+	require.Greater(t, bytes, sc.maxBytes/2)
 }
 
 func (sc *setCache) stats() (entries, bytes int) {

@@ -112,8 +112,13 @@ func TestPermissionSetResolutionsShared(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make(chan answer, 100)
 	start := func(scope string) {
+		// The form and proof are made here: the client is not safe for
+		// concurrent use.
+		form := c.parForm()
+		form.Set("scope", scope)
+		body, proof := form.Encode(), c.proof(oauth.PathPAR)
 		wg.Add(1)
-		go func() { defer wg.Done(); results <- push(c, scope) }()
+		go func() { defer wg.Done(); results <- c.post(oauth.PathPAR, body, proof) }()
 	}
 	// Three requests for the first set, one for each of the others but
 	// the last: every resolution slot taken.
