@@ -149,3 +149,25 @@ func TestPromptNoneTrustedClient(t *testing.T) {
 	a := c.exchange(silently(t, c, b, "", "").Get("code"))
 	require.Equal(t, aliceDID, a.str("sub"))
 }
+
+// TestGrantsPerAppBounded: an app keeps at most its 20 newest grants of
+// one account, however often it signs in (silently or not); a newer one
+// ends the oldest.
+func TestGrantsPerAppBounded(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c := f.rawClient("again", "atproto")
+	c.assertKey = c.confidential()
+	b := f.browser()
+	first := c.exchange(approveAs(t, c, b, "atproto", "alice.test", "alice password"))
+	require.Equal(t, http.StatusOK, first.status, first.body)
+	for range 20 {
+		a := c.exchange(silently(t, c, b, "", "").Get("code"))
+		require.Equal(t, http.StatusOK, a.status, a.body)
+	}
+	grants, err := f.oauth.ListGrants(t.Context(), aliceDID)
+	require.NoError(t, err)
+	require.Len(t, grants, 20)
+	require.Equal(t, "invalid_grant", c.refresh(first.str("refresh_token")).str("error"), "the oldest grant ended")
+	require.Equal(t, http.StatusUnauthorized, c.call(first.str("access_token"), c.key, "").StatusCode)
+}
