@@ -45,7 +45,7 @@ func (s *Server) handleAccountGet(w http.ResponseWriter, r *http.Request) {
 		data.Grants = append(data.Grants, grantView{
 			ID: g.ID, ClientID: g.ClientID, Created: formatTime(g.CreatedAt), LastUsed: formatTime(g.LastUsed),
 			Permissions: DescribeScope(g.Permissions),
-			Sets:        s.describeGrantSets(g.Scope, g.Permissions),
+			Sets:        s.describeGrantSets(g.Scope),
 		})
 	}
 	s.render(w, http.StatusOK, "account", data, "")

@@ -144,10 +144,10 @@ func describeSet(inc include, set *permissionSet) permissionGroup {
 	return g
 }
 
-// describeGrantSets describes a grant's permission sets for the account
-// page from what its tokens allow now (tokenScope) and the sets' cached
-// titles; nothing is resolved for a page view.
-func (s *Server) describeGrantSets(scope, tokenScope string) []permissionGroup {
+// describeGrantSets names a grant's permission sets for the account page
+// (what they grant is among the grant's permissions), with the titles the
+// cache knows; nothing is resolved for a page view.
+func (s *Server) describeGrantSets(scope string) []permissionGroup {
 	var out []permissionGroup
 	for _, inc := range includesOf(scope) {
 		g := permissionGroup{NSID: inc.NSID.String(), Authority: inc.NSID.Authority()}

@@ -3,7 +3,6 @@ package oauth
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -240,12 +239,4 @@ func (sc *setCache) getAll(ctx context.Context, incs []include) (map[syntax.NSID
 		return nil, err
 	}
 	return sets, nil
-}
-
-// String is the include as a scope value, for logs and messages.
-func (inc include) String() string {
-	if inc.Aud == "" {
-		return "include:" + inc.NSID.String()
-	}
-	return fmt.Sprintf("include:%s?aud=%s", inc.NSID, inc.Aud)
 }
