@@ -188,9 +188,11 @@ type Config struct {
 	// http or https: a private deployment's app view, local development.
 	// Empty: public unicast addresses only, https only.
 	ProxyAllowPrivate []netip.Prefix
-	// DNSServer, when set ("ip" or "ip:port"), is the DNS server the
-	// outbound client resolves names with (handles' _atproto TXT records,
-	// the hosts it connects to) instead of the system's resolver.
+	// DNSServer is the DNS server ("ip" or "ip:port", port 53 when not
+	// given) the server's outbound lookups ask: handle TXT records,
+	// lexicon authorities (_lexicon TXT records, for OAuth permission
+	// sets) and the names of the hosts it connects to. Empty: the
+	// system's resolver.
 	DNSServer string
 	// FirehoseRate is how many subscribeRepos connections one client may
 	// open, refilled continuously (token bucket).

@@ -56,7 +56,7 @@ func (c *Config) settings() []setting {
 		{"proxy-total-timeout", "longest a proxied service's answer may take, from the request sent to its last byte", (*durationValue)(&c.ProxyTotalTimeout)},
 		{"proxy-min-rate", "slowest average rate, bytes a second, a proxied answer may arrive at once it has taken 10s, like 8KiB", (*byteSize)(&c.ProxyMinRate)},
 		{"proxy-max-per-client", "most proxied requests one client (account, or anonymous address) may have in flight", (*intValue)(&c.ProxyMaxPerClient)},
-		{"dns-server", "DNS server (ip or ip:port) outbound requests resolve names with, handles' _atproto TXT records included; unset = the system resolver", (*stringValue)(&c.DNSServer)},
+		{"dns-server", "DNS server (ip or ip:port) outbound lookups ask: handle and lexicon TXT records, hosts to connect to; unset = the system resolver", (*stringValue)(&c.DNSServer)},
 		{"proxy-allow-private", "comma-separated CIDRs outbound requests (service proxy, handle and did:web resolution, OAuth client metadata, relay watch) may reach although not public, over http too", (*prefixListValue)(&c.ProxyAllowPrivate)},
 		{"firehose-rate", "subscribeRepos admissions per client, like 1/min, 10/h, 2/s", (*Rate)(&c.FirehoseRate)},
 		{"firehose-burst", "subscribeRepos admissions a client may make at once", (*intValue)(&c.FirehoseBurst)},

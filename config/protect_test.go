@@ -49,8 +49,8 @@ func TestAdminPasswordLength(t *testing.T) {
 }
 
 // TestProtectSettings: the outbound allow list takes CIDRs but refuses
-// one that allows everything; the listRecords page bound must hold one
-// record of the largest size.
+// one that allows everything; the DNS server is an address and port; the
+// listRecords page bound must hold one record of the largest size.
 func TestProtectSettings(t *testing.T) {
 	t.Parallel()
 	c, err := parse(t, map[string]string{"BULWARK_PROXY_ALLOW_PRIVATE": "10.0.0.0/8, 192.168.1.7"})
@@ -66,10 +66,15 @@ func TestProtectSettings(t *testing.T) {
 		{[]string{"--proxy-allow-private", "::/0"}, "--proxy-allow-private"},
 		{[]string{"--proxy-allow-private", "10.0.0.0/33"}, "proxy-allow-private"},
 		{[]string{"--list-max-bytes", "512KiB"}, "BULWARK_LIST_MAX_BYTES"},
+		{[]string{"--dns-server", "dns.example.com:53"}, "BULWARK_DNS_SERVER"},
+		{[]string{"--dns-server", "127.0.0.1"}, "--dns-server"},
 	} {
 		_, err := parse(t, nil, tt.args...)
 		require.ErrorContains(t, err, tt.want, tt.args)
 	}
+	c, err = parse(t, map[string]string{"BULWARK_DNS_SERVER": "[::1]:5353"})
+	require.NoError(t, err)
+	require.Equal(t, "[::1]:5353", c.DNSServer)
 	c, err = parse(t, nil, "--list-max-bytes", "8MiB")
 	require.NoError(t, err)
 	require.Equal(t, int64(8<<20), c.ListMaxBytes)

@@ -28,7 +28,8 @@ const maxAccessTokenLen = 4096
 type accessClaims struct {
 	jwt.Claims
 	ClientID string `json:"client_id"`
-	Scope    string `json:"scope"`
+	// The token carries no scope: what it allows is its grant's (read on
+	// every use), which also keeps it short whatever the grant holds.
 	// GrantID names the grant (session) the token belongs to.
 	GrantID string `json:"sid"`
 	Cnf     struct {
@@ -53,7 +54,6 @@ func (s *Server) signAccessToken(g *grant) (string, error) {
 			ID:       randomToken(16),
 		},
 		ClientID: g.ClientID,
-		Scope:    g.Scope,
 		GrantID:  g.ID,
 	}
 	c.Cnf.JKT = g.JKT
@@ -145,7 +145,9 @@ func authErr(status int, code, desc string, cause error) *AuthError {
 // "Authorization: DPoP <token>" plus a DPoP proof for this method and URL
 // (htu = Issuer + path), bound to the token (ath) and its key (cnf.jkt),
 // with a current nonce. It also checks that the grant still exists, so a
-// revoked session stops at once. Errors are ErrNotOAuth (no DPoP
+// revoked session stops at once, and takes the permissions from it (the
+// grant's scope with its permission sets expanded, as of the last token
+// issued). Errors are ErrNotOAuth (no DPoP
 // Authorization header), an *AuthError (send it with WriteAuthError) or a
 // database failure.
 func (s *Server) Authenticate(r *http.Request) (*AccessInfo, error) {
@@ -183,7 +185,7 @@ func (s *Server) Authenticate(r *http.Request) (*AccessInfo, error) {
 		return nil, authErr(http.StatusUnauthorized, CodeInvalidToken, "access token does not match its session", nil)
 	}
 	return &AccessInfo{
-		Permissions: ParsePermissions(claims.Scope),
+		Permissions: ParsePermissions(scope),
 		DID:         syntax.DID(did),
 		ClientID:    clientID,
 		GrantID:     claims.GrantID,

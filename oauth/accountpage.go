@@ -44,7 +44,8 @@ func (s *Server) handleAccountGet(w http.ResponseWriter, r *http.Request) {
 	for _, g := range grants {
 		data.Grants = append(data.Grants, grantView{
 			ID: g.ID, ClientID: g.ClientID, Created: formatTime(g.CreatedAt), LastUsed: formatTime(g.LastUsed),
-			Permissions: DescribeScope(g.Scope),
+			Permissions: DescribeScope(g.Permissions),
+			Sets:        s.describeGrantSets(g.Scope),
 		})
 	}
 	s.render(w, http.StatusOK, "account", data, "")
@@ -63,6 +64,7 @@ func (s *Server) handleAccountPost(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if msg != "" {
+			loginRefused(w, status)
 			s.render(w, status, "account", &pageData{Title: accountTitle, CSRF: s.csrfToken(d), Error: msg,
 				Identifier: r.PostFormValue("identifier"), FormAction: PathAccount}, "")
 			return

@@ -3,13 +3,18 @@ package oauth
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Sign-in form limits.
@@ -23,13 +28,25 @@ type pageError struct {
 	status         int
 	title, message string
 	cause          error
+	// retryAfter, when set, is sent as Retry-After (a busy server).
+	retryAfter time.Duration
 }
 
 func (s *Server) showPageError(w http.ResponseWriter, e *pageError) {
-	if e.status >= 500 {
+	if e.status >= 500 && e.retryAfter == 0 {
 		s.log.Error("authorization page failed", "err", e.cause)
 	}
+	if e.retryAfter > 0 {
+		w.Header().Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(e.retryAfter), 10))
+	}
 	s.errorPage(w, e.status, e.title, e.message)
+}
+
+// busyPageError is the page for a step the server is too busy to take
+// now.
+func busyPageError(retry time.Duration) *pageError {
+	return &pageError{status: http.StatusServiceUnavailable, title: "The server is busy",
+		message: "It cannot finish this step right now. Try again in a few seconds.", retryAfter: retry}
 }
 
 func internalPageError(err error) *pageError {
@@ -93,6 +110,9 @@ type flow struct {
 	d   *device
 	req *authRequest
 	c   *client
+	// shown is the digest of the permissions the consent page showed
+	// (grantsDigest), or "" when none was shown.
+	shown string
 }
 
 func (f *flow) data(s *Server, title string) *pageData {
@@ -126,7 +146,12 @@ func (s *Server) handleAuthorizeGet(w http.ResponseWriter, r *http.Request) {
 		s.showPageError(w, internalPageError(err))
 		return
 	}
-	s.nextStep(&flow{w: w, r: r, d: d, req: req, c: c})
+	f := &flow{w: w, r: r, d: d, req: req, c: c}
+	if req.Params.Prompt == "none" {
+		s.silentAuthorize(f)
+		return
+	}
+	s.nextStep(f)
 }
 
 // nextStep shows what the person must do next: sign in, choose among the
@@ -167,11 +192,63 @@ func (s *Server) signInPage(f *flow, status int, msg string) {
 }
 
 func (s *Server) consentPage(f *flow, a Account) {
+	s.consentPageWith(f, a, "")
+}
+
+func (s *Server) consentPageWith(f *flow, a Account, notice string) {
+	ctx := f.r.Context()
+	sets, err := s.describeSets(ctx, f.req.Params.Scope)
+	if err == nil {
+		var tokenScope string
+		tokenScope, err = s.tokenScope(ctx, f.req.Params.Scope)
+		f.shown = grantsDigest(tokenScope)
+	}
+	if err != nil {
+		s.flowError(f, err)
+		return
+	}
 	d := f.data(s, "Allow access?")
 	d.Account = a
 	d.Permissions = DescribeScope(f.req.Params.Scope)
+	d.Sets = sets
+	d.Shown = f.shown
+	d.Notice = notice
 	d.Switch = f.req.Params.LoginHint == ""
 	s.page(f, http.StatusOK, "consent", d)
+}
+
+// grantsDigest names what a consent page showed: the approval must be
+// for the same permissions (a permission set may change meanwhile).
+func grantsDigest(tokenScope string) string {
+	sum := sha256.Sum256([]byte(tokenScope))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// flowError ends a step that failed on what the app asked for: an error
+// the app should hear (a permission set that no longer resolves) goes
+// back to it and the request ends; a busy server is a page asking to
+// retry; anything else is our fault.
+func (s *Server) flowError(f *flow, err error) {
+	var oe *Error
+	switch {
+	case errors.As(err, &oe) && oe.Status == http.StatusServiceUnavailable:
+		s.showPageError(f.w, busyPageError(oe.retryAfter))
+	case errors.As(err, &oe) && oe.Status < 500:
+		s.refuseToClient(f, oe.Code, oe.Description)
+	default:
+		s.showPageError(f.w, internalPageError(err))
+	}
+}
+
+// refuseToClient ends the request and sends the browser back to the app
+// with an error (RFC 6749 section 4.1.2.1).
+func (s *Server) refuseToClient(f *flow, code, description string) {
+	err := execOne(f.r.Context(), s.db, qDeleteRequest, f.req.ID, f.d.ID)
+	if err != nil && !errors.Is(err, db.ErrNotFound) {
+		s.showPageError(f.w, internalPageError(err))
+		return
+	}
+	s.redirectToClient(f, url.Values{"error": {code}, "error_description": {description}})
 }
 
 var errFormExpired = &pageError{status: http.StatusForbidden, title: "This form has expired",
@@ -231,8 +308,21 @@ func (s *Server) login(ctx context.Context, r *http.Request) (Account, int, stri
 		return Account{}, http.StatusTooManyRequests, "Too many sign-in attempts. Wait a few minutes, then try again.", nil
 	case errors.Is(err, ErrAccountUnavailable):
 		return Account{}, http.StatusForbidden, "This account cannot be used to sign in to apps.", nil
+	case errors.Is(err, ErrBusy):
+		return Account{}, http.StatusServiceUnavailable, "The server is busy. Try again in a few seconds.", nil
 	}
 	return Account{}, 0, "", err
+}
+
+// loginBusyRetry is the Retry-After of a sign-in the server was too busy
+// to check.
+const loginBusyRetry = 2 * time.Second
+
+// loginRefused sets the headers of a refused sign-in's page.
+func loginRefused(w http.ResponseWriter, status int) {
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set(ratelimit.HeaderRetryAfter, strconv.FormatInt(ratelimit.RetryAfterSeconds(loginBusyRetry), 10))
+	}
 }
 
 func (s *Server) postSignIn(f *flow) {
@@ -243,6 +333,7 @@ func (s *Server) postSignIn(f *flow) {
 		return
 	}
 	if msg != "" {
+		loginRefused(f.w, status)
 		s.signInPage(f, status, msg)
 		return
 	}
@@ -285,13 +376,30 @@ func (s *Server) postSelect(f *flow) {
 }
 
 func (s *Server) postApprove(f *flow) {
-	ctx := f.r.Context()
 	a, ok := s.chosenAccount(f)
 	if !ok {
 		return
 	}
+	f.shown = f.r.PostFormValue("grants")
+	s.approve(f, a, "authorization approved")
+}
+
+// approve issues the code for a, with the request's scope expanded as the
+// consent page showed it (f.shown; a page whose permissions have changed
+// since is shown again), and sends the browser back to the app.
+func (s *Server) approve(f *flow, a Account, logMsg string) {
+	ctx := f.r.Context()
+	tokenScope, err := s.tokenScope(ctx, f.req.Params.Scope)
+	if err != nil {
+		s.flowError(f, err)
+		return
+	}
+	if f.shown != "" && f.shown != grantsDigest(tokenScope) {
+		s.consentPageWith(f, a, "What this app asks for has changed since the page was shown. Review it again.")
+		return
+	}
 	code := "cod-" + randomToken(32)
-	err := execOne(ctx, s.db, qApproveRequest, f.req.ID, f.d.ID, string(a.DID), hashSecret(code), s.cfg.Now().Add(CodeTTL))
+	err = execOne(ctx, s.db, qApproveRequest, f.req.ID, f.d.ID, string(a.DID), hashSecret(code), s.cfg.Now().Add(CodeTTL), tokenScope)
 	if errors.Is(err, db.ErrNotFound) {
 		s.showPageError(f.w, errRequestGone)
 		return
@@ -300,7 +408,7 @@ func (s *Server) postApprove(f *flow) {
 		s.showPageError(f.w, internalPageError(err))
 		return
 	}
-	s.log.Info("authorization approved", "did", a.DID, "client", f.c.ID)
+	s.log.Info(logMsg, "did", a.DID, "client", f.c.ID)
 	s.redirectToClient(f, url.Values{"code": {code}})
 }
 

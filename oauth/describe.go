@@ -1,7 +1,9 @@
 package oauth
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -89,4 +91,72 @@ func describeList(items []string, all, prefix string) string {
 		return all
 	}
 	return prefix + strings.Join(items, ", ")
+}
+
+// permissionGroup is a permission set on the consent and account pages:
+// its publisher's title and detail, and what it grants in plain words.
+type permissionGroup struct {
+	NSID      string
+	Authority string
+	Title     string
+	Detail    string
+	Lines     []string
+}
+
+// describeSets resolves the permission sets of scope (cached since the
+// request was pushed) and describes each as the include asks for it.
+// Errors are tokenScope's.
+func (s *Server) describeSets(ctx context.Context, scope string) ([]permissionGroup, error) {
+	incs := includesOf(scope)
+	if len(incs) == 0 {
+		return nil, nil
+	}
+	if s.sets == nil {
+		return nil, oauthErr(http.StatusBadRequest, CodeInvalidScope, "permission sets are not supported by this server")
+	}
+	sets, err := s.sets.getAll(ctx, incs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]permissionGroup, 0, len(incs))
+	for _, inc := range incs {
+		out = append(out, describeSet(inc, sets[inc.NSID]))
+	}
+	return out, nil
+}
+
+// describeSet is what set grants through inc, in plain words.
+func describeSet(inc include, set *permissionSet) permissionGroup {
+	g := permissionGroup{NSID: inc.NSID.String(), Authority: inc.NSID.Authority()}
+	if set != nil {
+		g.Title, g.Detail = set.Title, set.Detail
+		for _, tok := range set.expand(inc.Aud) {
+			if perm, err := auth.ParsePermissionString(tok); err == nil {
+				if line := describePermission(perm); line != "" {
+					g.Lines = append(g.Lines, line)
+				}
+			}
+		}
+	}
+	if len(g.Lines) == 0 {
+		g.Lines = []string{"Nothing: this set grants no permission this server can give."}
+	}
+	return g
+}
+
+// describeGrantSets names a grant's permission sets for the account page
+// (what they grant is among the grant's permissions), with the titles the
+// cache knows; nothing is resolved for a page view.
+func (s *Server) describeGrantSets(scope string) []permissionGroup {
+	var out []permissionGroup
+	for _, inc := range includesOf(scope) {
+		g := permissionGroup{NSID: inc.NSID.String(), Authority: inc.NSID.Authority()}
+		if s.sets != nil {
+			if set := s.sets.peek(inc.NSID); set != nil {
+				g.Title, g.Detail = set.Title, set.Detail
+			}
+		}
+		out = append(out, g)
+	}
+	return out
 }

@@ -3,8 +3,11 @@
 // authorization requests only, PKCE S256 only, DPoP-bound tokens with
 // server nonces, client metadata fetched from the client_id URL (and the
 // http://localhost development form), public and private_key_jwt clients,
-// refresh-token rotation with reuse detection, and the atproto permission
-// scopes.
+// refresh-token rotation with reuse detection, the atproto permission
+// scopes, permission sets (include: scopes, permset.go and permcache.go:
+// resolved through Config.Lexicons, verified, expanded within the set's
+// namespace, cached with bounds) and silent re-authorization for apps
+// that hold a grant (prompt=none, silent.go).
 //
 // The integrator mounts Routes on its mux, implements Accounts over its
 // account store, passes the SSRF-guarded outbound client as HTTPClient,
@@ -26,6 +29,9 @@
 // in entries, bytes and concurrent fetches.
 //
 // State lives in Postgres (migrations/00013_oauth.sql,
-// 00016_oauth_bounds.sql); the client metadata cache, the DPoP replay
-// memory and the rate limits are per process.
+// 00016_oauth_bounds.sql, 00030_oauth_permission_sets.sql); the client
+// metadata and permission set caches, the DPoP replay memory and the rate
+// limits are per process. Access tokens carry no scope: each use reads
+// its grant, whose permissions (the scope with its sets expanded) it
+// checks against.
 package oauth

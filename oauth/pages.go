@@ -53,8 +53,11 @@ type pageData struct {
 	Accounts    []Account
 	Account     Account
 	Permissions []string
-	Switch      bool
-	Grants      []grantView
+	Sets        []permissionGroup
+	// Shown names the permissions the consent page shows (grantsDigest).
+	Shown  string
+	Switch bool
+	Grants []grantView
 	// Error page.
 	Message string
 	Back    string
@@ -66,6 +69,7 @@ type grantView struct {
 	Created     string
 	LastUsed    string
 	Permissions []string
+	Sets        []permissionGroup
 }
 
 const basePolicy = "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"

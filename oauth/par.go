@@ -156,12 +156,18 @@ func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http
 	if err != nil {
 		return nil, err
 	}
-	params, err := checkAuthorizationParams(c, form)
+	params, err := checkAuthorizationParams(c, form, s.sets != nil)
 	if err != nil {
 		return nil, err
 	}
 	if jkt := form.Get("dpop_jkt"); jkt != "" && jkt != proof.JKT {
 		return nil, invalidRequest("dpop_jkt does not match the DPoP proof's key")
+	}
+	// Every permission set must resolve, and all of them expanded stay
+	// within bounds, before the request is kept (the permission spec: a
+	// set that cannot be resolved fails the request).
+	if _, err := s.tokenScope(ctx, params.Scope); err != nil {
+		return nil, err
 	}
 	req := &authRequest{
 		ID:         "req-" + randomToken(32),
@@ -199,7 +205,7 @@ func (s *Server) pushRequest(ctx context.Context, w http.ResponseWriter, r *http
 
 // checkAuthorizationParams validates the authorization request parameters
 // against the client.
-func checkAuthorizationParams(c *client, form url.Values) (*requestParams, error) {
+func checkAuthorizationParams(c *client, form url.Values, sets bool) (*requestParams, error) {
 	if form.Get("request") != "" {
 		return nil, oauthErr(http.StatusBadRequest, CodeRequestNotSupp, "request objects are not supported")
 	}
@@ -250,17 +256,13 @@ func checkAuthorizationParams(c *client, form url.Values) (*requestParams, error
 		return nil, invalidRequest("login_hint is too long")
 	}
 	switch p.Prompt {
-	case "", "login", "consent", "select_account":
-	case "none":
-		// Silent authorization needs prior consent this server does not
-		// record yet: say so now rather than after a redirect.
-		return nil, oauthErr(http.StatusBadRequest, "login_required", "prompt=none is not supported")
+	case "", "login", "consent", "select_account", "none":
 	case "create":
 		return nil, invalidRequest("account creation is not offered during authorization")
 	default:
 		return nil, invalidRequest("unsupported prompt value")
 	}
-	scope, err := grantableScope(form.Get("scope"), c.Metadata.Scope)
+	scope, err := grantableScope(form.Get("scope"), c.Metadata.Scope, sets)
 	if err != nil {
 		return nil, oauthErr(http.StatusBadRequest, CodeInvalidScope, "%s", strings.TrimPrefix(err.Error(), ErrInvalidScope.Error()+": "))
 	}

@@ -75,7 +75,9 @@ WHERE id = $1 AND expires_at > now() AND code_hash IS NULL
 RETURNING id;
 
 -- name: ApproveRequest
-UPDATE oauth_requests SET did = $3, code_hash = $4, expires_at = $5
+-- $6 is the scope with its permission sets expanded, as the consent page
+-- showed them.
+UPDATE oauth_requests SET did = $3, code_hash = $4, expires_at = $5, token_scope = $6
 WHERE id = $1 AND device_id = $2 AND code_hash IS NULL AND expires_at > now()
 RETURNING id;
 
@@ -86,7 +88,7 @@ RETURNING id;
 -- name: UseCode
 UPDATE oauth_requests SET code_used_at = now()
 WHERE code_hash = $1 AND code_used_at IS NULL AND expires_at > now()
-RETURNING id, client_id, params, dpop_jkt, client_auth, did;
+RETURNING id, client_id, params, dpop_jkt, client_auth, did, token_scope;
 
 -- name: SpentCodeGrant
 SELECT grant_id FROM oauth_requests WHERE code_hash = $1 AND code_used_at IS NOT NULL;
@@ -95,17 +97,33 @@ SELECT grant_id FROM oauth_requests WHERE code_hash = $1 AND code_used_at IS NOT
 UPDATE oauth_requests SET grant_id = $2 WHERE id = $1;
 
 -- name: InsertGrant
-INSERT INTO oauth_grants (id, did, client_id, scope, dpop_jkt, client_auth, refresh_hash, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO oauth_grants (id, did, client_id, scope, dpop_jkt, client_auth, refresh_hash, expires_at, token_scope)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: TrimClientGrants
+-- An app keeps its $3 newest grants of an account; older ones end.
+DELETE FROM oauth_grants g
+USING (SELECT id FROM oauth_grants WHERE did = $1 AND client_id = $2 ORDER BY created_at DESC, id OFFSET $3) old
+WHERE g.id = old.id;
+
+-- name: ClientGrantScopes
+-- The scopes of the app $2's live grants of the accounts $1.
+SELECT did, scope FROM oauth_grants
+WHERE did = ANY($1) AND client_id = $2 AND expires_at > now()
+ORDER BY created_at DESC
+LIMIT $3;
 
 -- name: GrantByRefresh
-SELECT id, did, client_id, scope, dpop_jkt, client_auth, expires_at, created_at, refreshed_at
+SELECT id, did, client_id, scope, coalesce(token_scope, scope), dpop_jkt, client_auth, expires_at, created_at, refreshed_at
 FROM oauth_grants
 WHERE refresh_hash = $1
 FOR UPDATE;
 
+-- name: GrantScopes
+SELECT id, scope, coalesce(token_scope, scope) FROM oauth_grants WHERE refresh_hash = $1;
+
 -- name: RotateRefresh
-UPDATE oauth_grants SET refresh_hash = $3, expires_at = $4, refreshed_at = now()
+UPDATE oauth_grants SET refresh_hash = $3, expires_at = $4, refreshed_at = now(), token_scope = $5
 WHERE id = $1 AND refresh_hash = $2
 RETURNING id;
 
@@ -134,10 +152,10 @@ DELETE FROM oauth_grants WHERE id = $1 AND client_id = $2 RETURNING id;
 SELECT id FROM oauth_grants WHERE refresh_hash = $1 AND client_id = $2;
 
 -- name: ActiveGrant
-SELECT did, client_id, scope FROM oauth_grants WHERE id = $1 AND expires_at > now();
+SELECT did, client_id, coalesce(token_scope, scope) FROM oauth_grants WHERE id = $1 AND expires_at > now();
 
 -- name: ListGrants
-SELECT id, did, client_id, scope, dpop_jkt, client_auth, expires_at, created_at, refreshed_at
+SELECT id, did, client_id, scope, coalesce(token_scope, scope), dpop_jkt, client_auth, expires_at, created_at, refreshed_at
 FROM oauth_grants
 WHERE did = $1 AND expires_at > now()
 ORDER BY created_at DESC

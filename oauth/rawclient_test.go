@@ -1,6 +1,7 @@
 package oauth_test
 
 import (
+	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	indigo "github.com/bluesky-social/indigo/atproto/auth/oauth"
 	"github.com/stretchr/testify/require"
@@ -28,6 +30,19 @@ type rawClient struct {
 	scope    string
 	verifier string
 	state    string
+	// assertKey, when set, signs a client assertion into every PAR and
+	// token request (a confidential client).
+	assertKey *ecdsa.PrivateKey
+}
+
+// authenticate adds a client assertion to form when c is confidential.
+func (c *rawClient) authenticate(form url.Values) url.Values {
+	if c.assertKey != nil {
+		form.Set("client_assertion_type", indigo.ClientAssertionJWTBearer)
+		form.Set("client_assertion", assertion(c.t, c.assertKey, map[string]any{
+			"iss": c.clientID, "sub": c.clientID, "aud": c.f.srv.URL, "jti": randomString(), "iat": time.Now().Unix()}))
+	}
+	return form
 }
 
 func (f *fixture) rawClient(name, scope string) *rawClient {
@@ -50,10 +65,10 @@ func (c *rawClient) parForm() url.Values {
 	c.verifier = randomString()
 	c.state = randomString()
 	sum := sha256.Sum256([]byte(c.verifier))
-	return url.Values{
+	return c.authenticate(url.Values{
 		"client_id": {c.clientID}, "response_type": {"code"}, "redirect_uri": {c.redirect}, "scope": {c.scope},
 		"state": {c.state}, "code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"},
-	}
+	})
 }
 
 // proof is a valid proof for a POST to path on our server.
@@ -104,11 +119,13 @@ func (c *rawClient) code() string {
 func (c *rawClient) exchange(code string) answer {
 	form := url.Values{"grant_type": {"authorization_code"}, "client_id": {c.clientID}, "code": {code},
 		"redirect_uri": {c.redirect}, "code_verifier": {c.verifier}}
+	c.authenticate(form)
 	return c.post(oauth.PathToken, form.Encode(), c.proof(oauth.PathToken))
 }
 
 func (c *rawClient) refresh(token string) answer {
 	form := url.Values{"grant_type": {"refresh_token"}, "client_id": {c.clientID}, "refresh_token": {token}}
+	c.authenticate(form)
 	return c.post(oauth.PathToken, form.Encode(), c.proof(oauth.PathToken))
 }
 

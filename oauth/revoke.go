@@ -69,11 +69,15 @@ func (s *Server) revoke(ctx context.Context, w http.ResponseWriter, r *http.Requ
 
 // Grant is a grant as the account page shows it.
 type Grant struct {
-	ID        string
-	DID       syntax.DID
-	ClientID  string
-	Scope     string
-	CreatedAt time.Time
+	ID       string
+	DID      syntax.DID
+	ClientID string
+	// Scope is what the person allowed, as the app asked for it;
+	// Permissions is that with its permission sets expanded (what the
+	// app's tokens allow).
+	Scope       string
+	Permissions string
+	CreatedAt   time.Time
 	// LastUsed is when the client last refreshed its tokens.
 	LastUsed  time.Time
 	ExpiresAt time.Time
@@ -91,7 +95,7 @@ func (s *Server) ListGrants(ctx context.Context, did syntax.DID) ([]Grant, error
 	out := make([]Grant, 0, len(rows))
 	for _, g := range rows {
 		out = append(out, Grant{
-			ID: g.ID, DID: g.DID, ClientID: g.ClientID, Scope: g.Scope,
+			ID: g.ID, DID: g.DID, ClientID: g.ClientID, Scope: g.Scope, Permissions: g.TokenScope,
 			CreatedAt: g.CreatedAt, LastUsed: g.RefreshedAt, ExpiresAt: g.ExpiresAt,
 		})
 	}

@@ -1,12 +1,15 @@
 package oauth
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
 	"github.com/bluesky-social/indigo/atproto/auth"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 )
 
 // Scope values with a meaning of their own (atproto OAuth profile).
@@ -209,10 +212,10 @@ var ErrInvalidScope = errors.New("invalid scope")
 // scope and returns the scope to grant: the requested tokens in order,
 // without duplicates, minus permissions this server does not understand
 // (the spec says to ignore them rather than fail). Permission sets
-// (include:) need lexicon resolution, which this server does not do yet,
-// so a request for one fails, as the spec requires when a set cannot be
-// resolved.
-func grantableScope(requested, declared string) (string, error) {
+// (include:) are kept as written, at most MaxIncludes distinct ones, and
+// only when the server resolves them (sets); they are resolved and
+// expanded later (Server.tokenScope).
+func grantableScope(requested, declared string, sets bool) (string, error) {
 	if requested == "" {
 		return "", fmt.Errorf("%w: scope is required", ErrInvalidScope)
 	}
@@ -228,6 +231,7 @@ func grantableScope(requested, declared string) (string, error) {
 	}
 	allowed := strings.Fields(declared)
 	var out []string
+	var nsids []syntax.NSID
 	for _, tok := range toks {
 		if !slices.Contains(allowed, tok) {
 			return "", fmt.Errorf("%w: %q is not in the client's declared scope", ErrInvalidScope, tok)
@@ -245,9 +249,75 @@ func grantableScope(requested, declared string) (string, error) {
 			continue
 		}
 		if perm.Resource == "include" {
-			return "", fmt.Errorf("%w: permission sets (%s) are not supported by this server", ErrInvalidScope, tok)
+			inc, ok := parseInclude(tok)
+			if !ok {
+				continue
+			}
+			if !sets {
+				return "", fmt.Errorf("%w: permission sets (%s) are not supported by this server", ErrInvalidScope, tok)
+			}
+			if !slices.Contains(nsids, inc.NSID) {
+				nsids = append(nsids, inc.NSID)
+			}
+			if len(nsids) > MaxIncludes {
+				return "", fmt.Errorf("%w: more than %d permission sets", ErrInvalidScope, MaxIncludes)
+			}
 		}
 		out = append(out, tok)
 	}
 	return strings.Join(out, " "), nil
+}
+
+// includesOf returns the include: values of a granted scope.
+func includesOf(scope string) []include {
+	var out []include
+	for _, tok := range strings.Fields(scope) {
+		if !strings.HasPrefix(tok, "include") {
+			continue
+		}
+		if inc, ok := parseInclude(tok); ok {
+			out = append(out, inc)
+		}
+	}
+	return out
+}
+
+// tokenScope is scope with each permission set (include:) replaced by the
+// permissions it grants: what an access token allows, and what the token
+// endpoint answers as the granted scope, as the reference server does.
+// A scope without sets is returned as it is. Errors are *Error values
+// (invalid_scope naming the set, or 503 when resolutions are busy).
+func (s *Server) tokenScope(ctx context.Context, scope string) (string, error) {
+	incs := includesOf(scope)
+	if len(incs) == 0 {
+		return scope, nil
+	}
+	if s.sets == nil {
+		return "", oauthErr(http.StatusBadRequest, CodeInvalidScope, "permission sets are not supported by this server")
+	}
+	sets, err := s.sets.getAll(ctx, incs)
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	add := func(tok string) {
+		if !slices.Contains(out, tok) {
+			out = append(out, tok)
+		}
+	}
+	for _, tok := range strings.Fields(scope) {
+		inc, ok := parseInclude(tok)
+		if !ok {
+			add(tok)
+			continue
+		}
+		for _, p := range sets[inc.NSID].expand(inc.Aud) {
+			add(p)
+		}
+	}
+	joined := strings.Join(out, " ")
+	if len(joined) > MaxTokenScopeLen {
+		return "", oauthErr(http.StatusBadRequest, CodeInvalidScope, "the permission sets grant more than %d bytes of permissions", MaxTokenScopeLen)
+	}
+	return joined, nil
 }

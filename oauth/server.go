@@ -60,6 +60,9 @@ const (
 	// maxDevicesPerAccount bounds the browsers an account is remembered on;
 	// signing in on one more forgets the longest-signed-in.
 	maxDevicesPerAccount = 32
+	// maxGrantsPerClient bounds an app's grants of one account (one per
+	// device it signed in on, typically); a newer one ends the oldest.
+	maxGrantsPerClient = 20
 	// maxSpentPerGrant bounds the spent refresh tokens remembered per
 	// grant (to revoke it when one comes back); the oldest are forgotten.
 	maxSpentPerGrant = 64
@@ -127,6 +130,13 @@ type Config struct {
 	// FetchTimeout bounds the fetch of a client's documents; zero means
 	// DefaultFetchTimeout.
 	FetchTimeout time.Duration
+	// Lexicons resolves the permission sets apps ask for (include:
+	// scopes), verified (lexresolve.Resolver over the SSRF-guarded
+	// outbound client). nil refuses include: scopes with invalid_scope.
+	Lexicons LexiconResolver
+	// LexiconTimeout bounds one permission set's resolution; zero means
+	// DefaultLexiconTimeout.
+	LexiconTimeout time.Duration
 	// SignInTTL is how long an account stays signed in on a browser; zero
 	// means DefaultSignInTTL.
 	SignInTTL time.Duration
@@ -169,7 +179,8 @@ type Accounts interface {
 	// own password (never an app password) and returns the account. Wrong
 	// credentials: an error wrapping ErrLoginFailed; too many attempts: one
 	// wrapping ErrRateLimited (rate limits are the implementation's job);
-	// an account that may not sign in (taken down): ErrAccountUnavailable.
+	// an account that may not sign in (taken down): ErrAccountUnavailable;
+	// no password check possible now (a full queue): one wrapping ErrBusy.
 	Login(ctx context.Context, identifier, password string) (Account, error)
 	// Get returns an account that may use OAuth, or an error wrapping
 	// ErrAccountUnavailable when it is gone or may not (taken down).
@@ -185,6 +196,10 @@ var (
 	// ErrAccountUnavailable means the account does not exist or may not
 	// use OAuth.
 	ErrAccountUnavailable = errors.New("account unavailable")
+	// ErrBusy means the password could not be checked now (the server is
+	// checking as many as it will): the person is asked to try again in a
+	// few seconds.
+	ErrBusy = errors.New("too many sign-ins in progress")
 )
 
 // Server is the OAuth authorization server and resource-server verifier.
@@ -194,6 +209,7 @@ type Server struct {
 	accounts Accounts
 	dpop     *dpop.Verifier
 	clients  *clientCache
+	sets     *setCache // nil without Config.Lexicons
 	tokenKey []byte
 	csrfKey  []byte
 	secure   bool // cookies get the Secure flag (https issuer)
@@ -248,8 +264,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var sets *setCache
+	if cfg.Lexicons != nil {
+		sets = newSetCache(&cfg)
+	}
 	return &Server{
 		cfg:      cfg,
+		sets:     sets,
 		db:       cfg.Pool,
 		accounts: cfg.Accounts,
 		dpop:     dpop.NewVerifier(dcfg),

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -35,6 +36,7 @@ type testAccounts struct {
 	byDID     map[syntax.DID]*testAccount
 	logins    int
 	rateLimit bool
+	busy      bool
 }
 
 type testAccount struct {
@@ -49,6 +51,9 @@ func (a *testAccounts) Login(ctx context.Context, identifier, password string) (
 	a.logins++
 	if a.rateLimit {
 		return oauth.Account{}, oauth.ErrRateLimited
+	}
+	if a.busy {
+		return oauth.Account{}, fmt.Errorf("%w: the password queue is full", oauth.ErrBusy)
 	}
 	ta, ok := a.byID[strings.ToLower(identifier)]
 	if !ok || subtle.ConstantTimeCompare([]byte(ta.password), []byte(password)) != 1 {

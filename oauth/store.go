@@ -44,8 +44,11 @@ var (
 	qSpentCodeGrant        = queries.MustGet("SpentCodeGrant")
 	qSetRequestGrant       = queries.MustGet("SetRequestGrant")
 	qInsertGrant           = queries.MustGet("InsertGrant")
+	qTrimClientGrants      = queries.MustGet("TrimClientGrants")
+	qClientGrantScopes     = queries.MustGet("ClientGrantScopes")
 	qGrantByRefresh        = queries.MustGet("GrantByRefresh")
 	qRotateRefresh         = queries.MustGet("RotateRefresh")
+	qGrantScopes           = queries.MustGet("GrantScopes")
 	qInsertSpentRefresh    = queries.MustGet("InsertSpentRefresh")
 	qSpentRefreshGrant     = queries.MustGet("SpentRefreshGrant")
 	qDeleteGrant           = queries.MustGet("DeleteGrant")
@@ -151,13 +154,16 @@ type usedCode struct {
 	JKT        string
 	ClientAuth clientAuth
 	DID        syntax.DID
+	// TokenScope is the scope with its permission sets expanded at
+	// approval.
+	TokenScope string
 }
 
 func useCode(ctx context.Context, q db.DBTX, code string) (*usedCode, error) {
 	var c usedCode
 	var params, auth []byte
-	var did *string
-	err := q.QueryRow(ctx, qUseCode, hashSecret(code)).Scan(&c.RequestID, &c.ClientID, &params, &c.JKT, &auth, &did)
+	var did, tokenScope *string
+	err := q.QueryRow(ctx, qUseCode, hashSecret(code)).Scan(&c.RequestID, &c.ClientID, &params, &c.JKT, &auth, &did, &tokenScope)
 	if err != nil {
 		return nil, db.Translate(err)
 	}
@@ -171,15 +177,22 @@ func useCode(ctx context.Context, q db.DBTX, code string) (*usedCode, error) {
 	if err := json.Unmarshal(auth, &c.ClientAuth); err != nil {
 		return nil, err
 	}
+	c.TokenScope = c.Params.Scope
+	if tokenScope != nil {
+		c.TokenScope = *tokenScope
+	}
 	return &c, nil
 }
 
 // grant is a stored grant.
 type grant struct {
-	ID          string
-	DID         syntax.DID
-	ClientID    string
+	ID       string
+	DID      syntax.DID
+	ClientID string
+	// Scope is what the person allowed, as the app asked for it;
+	// TokenScope is that with its permission sets (include:) expanded.
 	Scope       string
+	TokenScope  string
 	JKT         string
 	ClientAuth  clientAuth
 	ExpiresAt   time.Time
@@ -192,7 +205,11 @@ func insertGrant(ctx context.Context, q db.DBTX, g *grant, refreshToken string) 
 	if err != nil {
 		return err
 	}
-	_, err = q.Exec(ctx, qInsertGrant, g.ID, string(g.DID), g.ClientID, g.Scope, g.JKT, auth, hashSecret(refreshToken), g.ExpiresAt)
+	_, err = q.Exec(ctx, qInsertGrant, g.ID, string(g.DID), g.ClientID, g.Scope, g.JKT, auth, hashSecret(refreshToken), g.ExpiresAt, g.TokenScope)
+	if err != nil {
+		return db.Translate(err)
+	}
+	_, err = q.Exec(ctx, qTrimClientGrants, string(g.DID), g.ClientID, maxGrantsPerClient)
 	return db.Translate(err)
 }
 
@@ -202,7 +219,7 @@ func scanGrant(row rowScanner) (*grant, error) {
 	var g grant
 	var did string
 	var auth []byte
-	if err := row.Scan(&g.ID, &did, &g.ClientID, &g.Scope, &g.JKT, &auth, &g.ExpiresAt, &g.CreatedAt, &g.RefreshedAt); err != nil {
+	if err := row.Scan(&g.ID, &did, &g.ClientID, &g.Scope, &g.TokenScope, &g.JKT, &auth, &g.ExpiresAt, &g.CreatedAt, &g.RefreshedAt); err != nil {
 		return nil, db.Translate(err)
 	}
 	g.DID = syntax.DID(did)
@@ -222,7 +239,7 @@ func grantByRefresh(ctx context.Context, q db.DBTX, token string) (*grant, error
 // maxSpentPerGrant of them: a client refreshing in a loop must not grow
 // the table without bound).
 func rotateRefresh(ctx context.Context, q db.DBTX, g *grant, oldToken, newToken string, expires time.Time) error {
-	if err := execOne(ctx, q, qRotateRefresh, g.ID, hashSecret(oldToken), hashSecret(newToken), expires); err != nil {
+	if err := execOne(ctx, q, qRotateRefresh, g.ID, hashSecret(oldToken), hashSecret(newToken), expires, g.TokenScope); err != nil {
 		return err
 	}
 	if _, err := q.Exec(ctx, qInsertSpentRefresh, hashSecret(oldToken), g.ID, expires); err != nil {

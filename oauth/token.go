@@ -104,7 +104,7 @@ func (s *Server) exchangeCode(ctx context.Context, form url.Values, clientID str
 		}
 		g := &grant{
 			ID: "grant-" + randomToken(24), DID: acct.DID, ClientID: c.ID, Scope: used.Params.Scope,
-			JKT: proof.JKT, ClientAuth: auth, CreatedAt: s.cfg.Now(),
+			TokenScope: used.TokenScope, JKT: proof.JKT, ClientAuth: auth, CreatedAt: s.cfg.Now(),
 		}
 		refresh := refreshPrefix + randomToken(32)
 		g.ExpiresAt = s.refreshExpiry(c, g)
@@ -190,6 +190,9 @@ func (s *Server) refresh(ctx context.Context, form url.Values, clientID string, 
 	if !slices.Contains(c.Metadata.GrantTypes, "refresh_token") {
 		return nil, oauthErr(http.StatusBadRequest, CodeUnauthorized, "the client's metadata does not declare the refresh_token grant")
 	}
+	// Permission sets are resolved before the transaction, which locks
+	// the grant: a slow resolution must not hold a connection and a lock.
+	refreshed := s.refreshedTokenScope(ctx, token)
 	var res *TokenResponse
 	var revoke string
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -228,6 +231,9 @@ func (s *Server) refresh(ctx context.Context, form url.Values, clientID string, 
 		if _, err := s.accounts.Get(ctx, g.DID); err != nil {
 			return accountGrantError(err)
 		}
+		if refreshed != "" {
+			g.TokenScope = refreshed
+		}
 		next := refreshPrefix + randomToken(32)
 		expires := s.refreshExpiry(c, g)
 		if err := rotateRefresh(ctx, tx, g, token, next, expires); err != nil {
@@ -259,7 +265,27 @@ func (s *Server) tokenResponse(g *grant, refresh string) (*TokenResponse, error)
 		TokenType:    "DPoP",
 		ExpiresIn:    int(s.cfg.AccessTTL / time.Second),
 		RefreshToken: refresh,
-		Scope:        g.Scope,
+		Scope:        g.TokenScope,
 		Sub:          string(g.DID),
 	}, nil
+}
+
+// refreshedTokenScope is what the permission sets of the grant whose
+// refresh token is token grant now ("" when it has none, or the token
+// names no grant): a refresh picks up a set's newer version, as the
+// permission spec intends (the grant stays limited to the sets the person
+// allowed, and each set to its own namespace). When the sets cannot be
+// resolved, the session goes on with what it had.
+func (s *Server) refreshedTokenScope(ctx context.Context, token string) string {
+	var id, scope, current string
+	err := s.db.QueryRow(ctx, qGrantScopes, hashSecret(token)).Scan(&id, &scope, &current)
+	if err != nil || len(includesOf(scope)) == 0 {
+		return ""
+	}
+	next, err := s.tokenScope(ctx, scope)
+	if err != nil {
+		s.log.Info("permission sets not refreshed; the session keeps its permissions", "grant", id, "err", err)
+		return current
+	}
+	return next
 }

@@ -88,25 +88,7 @@ func (c *Client) resolveHandleDNS(ctx context.Context, h syntax.Handle) (syntax.
 // not start with "did=", or whose value is not a DID, are ignored; two
 // different DIDs fail the lookup, as the spec requires.
 func didFromTXT(records []string) (syntax.DID, error) {
-	var found syntax.DID
-	for _, r := range records {
-		v, ok := strings.CutPrefix(r, "did=")
-		if !ok {
-			continue
-		}
-		did, err := syntax.ParseDID(strings.TrimSpace(v))
-		if err != nil {
-			continue
-		}
-		if found != "" && did != found {
-			return "", fmt.Errorf("%w: _atproto TXT records name both %s and %s", ErrHandleResolutionFailed, found, did)
-		}
-		found = did
-	}
-	if found == "" {
-		return "", fmt.Errorf("%w: no did= record in _atproto TXT", ErrHandleNotFound)
-	}
-	return found, nil
+	return pickTXTDID(records, "_atproto", ErrHandleNotFound, ErrHandleResolutionFailed)
 }
 
 func (c *Client) resolveHandleWellKnown(ctx context.Context, h syntax.Handle) (syntax.DID, error) {

@@ -212,7 +212,11 @@ func newOutbound(opts Options, logger *slog.Logger) *outbound.Client {
 	if opts.Outbound != nil {
 		return opts.Outbound
 	}
-	return outbound.New(outbound.Config{AllowCIDRs: opts.Config.ProxyAllowPrivate, Logger: logger})
+	cfg := outbound.Config{AllowCIDRs: opts.Config.ProxyAllowPrivate, Logger: logger}
+	if opts.Config.DNSServer != "" {
+		cfg.Resolver = outbound.DNSResolver(opts.Config.DNSServer)
+	}
+	return outbound.New(cfg)
 }
 
 // newDirectory is the server's one identity directory, with one cache:

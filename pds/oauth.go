@@ -11,18 +11,20 @@ import (
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/email"
+	"github.com/bulwark-pds/bulwark/lexresolve"
 	"github.com/bulwark-pds/bulwark/oauth"
 )
 
 // The OAuth authorization server (package oauth) on this server's mux:
 // the metadata documents, PAR, the sign-in and consent pages, token,
 // revocation and the connected-apps page, with accounts signed in through
-// the account service under the createSession rate limit, and every route
-// under the oauth* rate limits of the client's address.
+// the account service under the createSession rate limit, every route
+// under the oauth* rate limits of the client's address, and permission
+// sets resolved through the outbound client (package lexresolve).
 
 // newOAuth builds the authorization server of opts.OAuth over this
 // server's database and accounts.
-func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
+func (s *Server) newOAuth(opts Options, dids lexresolve.DIDResolver) (*oauth.Server, error) {
 	if s.accounts == nil {
 		return nil, errors.New("pds: OAuth needs accounts")
 	}
@@ -35,6 +37,12 @@ func (s *Server) newOAuth(opts Options) (*oauth.Server, error) {
 	cfg.ClientAddr = s.clientIP
 	if cfg.Logger == nil {
 		cfg.Logger = s.logger
+	}
+	// Permission sets (include: scopes) are resolved as the lexicon spec
+	// publishes them, through the one guarded client and its resolver,
+	// with DIDs from the server's directory.
+	if cfg.Lexicons == nil {
+		cfg.Lexicons = lexresolve.New(s.outbound, dids)
 	}
 	return oauth.New(cfg)
 }
@@ -100,6 +108,8 @@ func (o *oauthAccounts) login(ctx context.Context, identifier, password string, 
 		return oauth.Account{}, oauth.ErrLoginFailed
 	case errors.Is(err, account.ErrAccountTakendown):
 		return oauth.Account{}, oauth.ErrAccountUnavailable
+	case errors.Is(err, account.ErrPasswordBusy):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrBusy, err)
 	case err != nil:
 		return oauth.Account{}, err
 	case app != nil:

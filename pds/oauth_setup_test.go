@@ -45,6 +45,8 @@ type oauthEnvOptions struct {
 	// options adjusts the server's Options (rate limits, the proxy's
 	// outbound client).
 	options func(*Options)
+	// env adjusts the account environment (password slots).
+	env func(*envOptions)
 }
 
 func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
@@ -64,7 +66,7 @@ func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
 	})
 	e.apps = httptest.NewTLSServer(mux)
 	t.Cleanup(e.apps.Close)
-	e.accountEnv = newAccountEnv(t, envOptions{
+	eo := envOptions{
 		sessionEnders: []account.SessionEnder{oauth.RevokeAllGrants},
 		configure:     oo.configure,
 		blobs:         true,
@@ -77,7 +79,11 @@ func newOAuthEnv(t *testing.T, oo oauthEnvOptions) *oauthEnv {
 				oo.options(o)
 			}
 		},
-	})
+	}
+	if oo.env != nil {
+		oo.env(&eo)
+	}
+	e.accountEnv = newAccountEnv(t, eo)
 	return e
 }
 
@@ -115,6 +121,18 @@ func (e *oauthEnv) app(name string, scopes ...string) *indigo.ClientApp {
 func (e *oauthEnv) startFlow(app *indigo.ClientApp, u *user) string {
 	t := e.t
 	ctx := context.Background()
+	md := e.metadata()
+	info, err := app.SendAuthRequest(ctx, md, app.Config.Scopes, u.handle)
+	require.NoError(t, err)
+	info.AccountDID = &u.did
+	require.NoError(t, app.Store.SaveAuthRequestInfo(ctx, *info))
+	return md.AuthorizationEndpoint + "?" + url.Values{"client_id": {app.Config.ClientID}, "request_uri": {info.RequestURI}}.Encode()
+}
+
+// metadata is the server's authorization server metadata, as indigo's
+// client reads it.
+func (e *oauthEnv) metadata() *indigo.AuthServerMetadata {
+	t := e.t
 	resp, err := http.Get(e.publicURL() + oauth.PathASMetadata)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -122,11 +140,7 @@ func (e *oauthEnv) startFlow(app *indigo.ClientApp, u *user) string {
 	var md indigo.AuthServerMetadata
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&md))
 	require.Equal(t, e.publicURL(), md.Issuer)
-	info, err := app.SendAuthRequest(ctx, &md, app.Config.Scopes, u.handle)
-	require.NoError(t, err)
-	info.AccountDID = &u.did
-	require.NoError(t, app.Store.SaveAuthRequestInfo(ctx, *info))
-	return md.AuthorizationEndpoint + "?" + url.Values{"client_id": {app.Config.ClientID}, "request_uri": {info.RequestURI}}.Encode()
+	return &md
 }
 
 // session runs the whole flow for u (sign in and allow in a browser, the

@@ -12,7 +12,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/internal/dnstest"
+	"github.com/bulwark-pds/bulwark/internal/devdns"
 	"github.com/bulwark-pds/bulwark/outbound"
 )
 
@@ -22,7 +22,7 @@ import (
 // which the server's outbound client may reach as --proxy-allow-private
 // allows.
 type handleWorld struct {
-	dns *dnstest.Server
+	dns *devdns.Server
 	mu  sync.Mutex
 	// wellKnown is what https://<host>/.well-known/atproto-did answers.
 	wellKnown map[string]string
@@ -34,7 +34,7 @@ var webHandles = []string{"web.example.com", "moved.example.com", "nothing.examp
 
 func newHandleWorld(t *testing.T) (*accountEnv, *handleWorld) {
 	t.Helper()
-	w := &handleWorld{dns: dnstest.Start(t), wellKnown: map[string]string{}, requests: map[string]int{}}
+	w := &handleWorld{dns: startDNS(t), wellKnown: map[string]string{}, requests: map[string]int{}}
 	web := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
 		body, ok := w.wellKnown[r.Host]
@@ -53,7 +53,7 @@ func newHandleWorld(t *testing.T) (*accountEnv, *handleWorld) {
 	port := web.Listener.Addr().(interface{ String() string }).String()
 	port = port[strings.LastIndex(port, ":")+1:]
 	for _, h := range webHandles {
-		w.dns.SetA(h, netip.MustParseAddr("127.0.0.1"))
+		w.dns.SetAddr(h, netip.MustParseAddr("127.0.0.1"))
 		ports[h+":443"] = port
 	}
 	client := outbound.New(outbound.Config{
@@ -192,4 +192,13 @@ func TestUpdateHandleOwnDomainRace(t *testing.T) {
 	got, err := e.accounts.GetByHandle(t.Context(), syntax.Handle("race.example.org"))
 	require.NoError(t, err)
 	require.Equal(t, a.did, got.DID)
+}
+
+// startDNS starts a DNS server on a loopback port for the test.
+func startDNS(t *testing.T) *devdns.Server {
+	t.Helper()
+	s, err := devdns.Start("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s
 }

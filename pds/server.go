@@ -285,7 +285,7 @@ func New(opts Options) (*Server, error) {
 		s.carCache = c
 	}
 	if opts.OAuth != nil {
-		o, err := s.newOAuth(opts)
+		o, err := s.newOAuth(opts, dir)
 		if err != nil {
 			return nil, err
 		}

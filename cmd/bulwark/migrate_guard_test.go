@@ -17,9 +17,9 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/email/emailtest"
-	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // guardResult is one answer of the server under test.

@@ -27,12 +27,15 @@ var privateNetworks = []netip.Prefix{
 // package derives its own keys from it), and the shared SSRF-guarded
 // client for client metadata documents (with
 // --oauth-allow-private-clients, one that also reaches this machine and
-// private networks). pds.New fills in the database and accounts.
+// private networks). pds.New fills in the database and accounts, and
+// resolves permission sets (lexicon resolution) through the shared
+// client.
 func newOAuthConfig(cfg *config.Config, shared *outbound.Client, logger *slog.Logger) *oauth.Config {
 	client := shared
 	if cfg.OAuthAllowPrivateClients {
 		logger.Warn("OAuth apps may publish their metadata on private addresses (--oauth-allow-private-clients): for development only")
-		client = outbound.New(outbound.Config{AllowCIDRs: append(slices.Clone(privateNetworks), cfg.ProxyAllowPrivate...), Logger: logger})
+		client = outbound.New(outbound.Config{AllowCIDRs: append(slices.Clone(privateNetworks), cfg.ProxyAllowPrivate...),
+			Resolver: dnsResolver(cfg), Logger: logger})
 	}
 	return &oauth.Config{
 		Issuer:                cfg.PublicURL(),
@@ -41,4 +44,13 @@ func newOAuthConfig(cfg *config.Config, shared *outbound.Client, logger *slog.Lo
 		AllowPrivateClientIDs: cfg.OAuthAllowPrivateClients,
 		Logger:                logger,
 	}
+}
+
+// dnsResolver is the resolver of the server's outbound lookups: the
+// --dns-server, or nil for the system's.
+func dnsResolver(cfg *config.Config) outbound.Resolver {
+	if cfg.DNSServer == "" {
+		return nil
+	}
+	return outbound.DNSResolver(cfg.DNSServer)
 }

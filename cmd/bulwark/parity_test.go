@@ -16,7 +16,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 	"github.com/bulwark-pds/bulwark/email/emailtest"
-	"github.com/bulwark-pds/bulwark/internal/dnstest"
+	"github.com/bulwark-pds/bulwark/internal/devdns"
 )
 
 // parityCall makes an XRPC call to the server at base and returns the
@@ -65,7 +65,9 @@ func TestServeReferenceParity(t *testing.T) {
 	t.Parallel()
 	bin := buildBinary(t)
 	sink := emailtest.StartSMTP(t, emailtest.Options{})
-	dns := dnstest.Start(t)
+	dns, err := devdns.Start("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(dns.Close)
 	port := freePort(t)
 	base := "http://localhost:" + strconv.Itoa(port)
 	const adminPassword = "parity-admin-password-for-tests"
@@ -73,7 +75,7 @@ func TestServeReferenceParity(t *testing.T) {
 		"BULWARK_DATABASE_URL="+dbtest.NewURL(t), "BULWARK_DATA_DIR="+filepath.Join(t.TempDir(), "data"),
 		"BULWARK_LISTEN=127.0.0.1:"+strconv.Itoa(port), "BULWARK_LOG_FORMAT=text",
 		"BULWARK_SMTP_URL="+sink.URL(), "BULWARK_EMAIL_FROM=Bulwark <noreply@pds.test>",
-		"BULWARK_DNS_SERVER="+dns.Addr(), "BULWARK_ADMIN_PASSWORD="+adminPassword))
+		"BULWARK_DNS_SERVER="+dns.Addr, "BULWARK_ADMIN_PASSWORD="+adminPassword))
 	call := func(method, nsid, token string, in any, q url.Values) (int, map[string]any) {
 		status, out, _ := parityCall(t, base, method, nsid, token, in, q)
 		return status, out

@@ -333,16 +333,3 @@ type service struct {
 	name string
 	run  func(ctx context.Context) error
 }
-
-// dnsResolver is a resolver that asks only --dns-server, or nil (the
-// system's) when it is not set.
-func dnsResolver(cfg *config.Config) outbound.Resolver {
-	if cfg.DNSServer == "" {
-		return nil
-	}
-	addr := cfg.DNSServer
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}}
-}

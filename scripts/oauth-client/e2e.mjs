@@ -4,11 +4,16 @@
 // the callback, the token), posts with its DPoP-bound token, is refused
 // what its scope does not grant, refreshes, and signs out; its copy of the
 // token is then refused. A second sign-in is revoked from the account's
-// connected-apps page. Every page passes the accessibility checks in
-// pages.mjs, and the browser talks to no host but Bulwark and the app's
-// callback. Run by scripts/oauth-browser.sh.
+// connected-apps page. Then a second app asks for a permission set
+// (include: scope) that an account on the same server publishes, with the
+// _lexicon TXT record served by a DNS server on this machine: the consent
+// page shows what the set grants, the tokens get exactly that, and the
+// app, being public, is refused silent sign-in (prompt=none). Every page
+// passes the accessibility checks in pages.mjs, and the browser talks to
+// no host but Bulwark and the apps' callback. Run by
+// scripts/oauth-browser.sh.
 //
-// Usage: node e2e.mjs <bulwark url, e.g. http://localhost:2583>
+// Usage: DNS_CONTROL=<devdns control URL> node e2e.mjs <bulwark url, e.g. http://localhost:2583>
 import { mkdtempSync, rmSync } from 'node:fs'
 import http from 'node:http'
 import { tmpdir } from 'node:os'
@@ -52,8 +57,8 @@ function requestLock (name, fn) {
   return run
 }
 
-async function createAccount () {
-  const handle = `oauth${Date.now() % 1000000}.test`
+async function createAccount (prefix = 'oauth') {
+  const handle = `${prefix}${Date.now() % 1000000}.test`
   const password = 'oauth-e2e-password'
   const res = await fetch(`${pds}/xrpc/com.atproto.server.createAccount`, {
     method: 'POST',
@@ -62,7 +67,7 @@ async function createAccount () {
   })
   const body = await res.json()
   check('createAccount', res.status === 200, JSON.stringify(body))
-  return { handle, password, did: body.did }
+  return { handle, password, did: body.did, accessJwt: body.accessJwt }
 }
 
 // callbackServer is the app's redirect URI on a loopback port: it finishes
@@ -82,7 +87,12 @@ async function callbackServer () {
       res.end('<!doctype html><html lang="en"><title>Signed in</title><h1>Signed in</h1></html>')
       w?.resolve(session)
     } catch (err) {
-      res.writeHead(400, { 'content-type': 'text/plain' }).end(String(err))
+      // The app tells the person, as a page (not an error status, which
+      // the browser would log).
+      res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
+      res.end('<!doctype html><html lang="en"><title>Not signed in</title><h1>Not signed in</h1></html>')
+      // What the server sent back, for checks on refusals.
+      err.callbackError = url.searchParams.get('error')
       w?.reject(err)
     }
   })
@@ -185,6 +195,7 @@ async function main () {
       refused.status === 401 && refused.challenge.includes('error="invalid_token"'), JSON.stringify(refused))
 
     await accountPageRevoke(page, client, cb, user, sessions)
+    await permissionSet(page, cb, user)
   } finally {
     await browser.close()
     rmSync(profile, { recursive: true, force: true })
@@ -235,6 +246,92 @@ async function accountPageRevoke (page, client, cb, user, sessions) {
   check('revoked on the account page: the app\'s token is refused (401 invalid_token)',
     refused.status === 401 && refused.challenge.includes('error="invalid_token"'), JSON.stringify(refused))
   await session.signOut().catch(() => {})
+}
+
+// The permission set another account of the same server publishes, and
+// what it grants through include:SET_NSID: records of its namespace only
+// (the app.bsky.feed.like permission it also declares is outside it).
+const SET_NSID = 'test.bulwark.e2e.authNotes'
+const SET_SCOPE = `atproto include:${SET_NSID}`
+const SET_GRANTS = 'atproto repo:test.bulwark.e2e.note?action=create&action=update'
+
+async function publishSet () {
+  const publisher = await createAccount('lexicons')
+  const res = await fetch(`${pds}/xrpc/com.atproto.repo.putRecord`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${publisher.accessJwt}` },
+    body: JSON.stringify({
+      repo: publisher.did,
+      collection: 'com.atproto.lexicon.schema',
+      rkey: SET_NSID,
+      record: {
+        $type: 'com.atproto.lexicon.schema',
+        lexicon: 1,
+        id: SET_NSID,
+        defs: {
+          main: {
+            type: 'permission-set',
+            title: 'Notes',
+            detail: 'Write and edit your notes.',
+            permissions: [
+              { type: 'permission', resource: 'repo', collection: ['test.bulwark.e2e.note'], action: ['create', 'update'] },
+              { type: 'permission', resource: 'repo', collection: ['app.bsky.feed.like'] }
+            ]
+          }
+        }
+      }
+    })
+  })
+  check('the set\'s lexicon record is published', res.status === 200, await res.text())
+  const dns = await fetch(`${process.env.DNS_CONTROL}/txt`, {
+    method: 'POST', body: new URLSearchParams({ name: '_lexicon.e2e.bulwark.test', value: `did=${publisher.did}` })
+  })
+  check('the _lexicon TXT record names the publisher', dns.status === 204, await dns.text())
+}
+
+// permissionSet: an app asking for include:SET_NSID sees the set on the
+// consent page and gets exactly what it grants; prompt=none is refused
+// to it (a public app) with consent_required.
+async function permissionSet (page, cb, user) {
+  await publishSet()
+  const sessions = mapStore()
+  const client = new NodeOAuthClient({
+    clientMetadata: buildAtprotoLoopbackClientMetadata({ scope: SET_SCOPE, redirect_uris: [`${cb.origin}/callback`] }),
+    stateStore: mapStore(),
+    sessionStore: sessions,
+    requestLock,
+    handleResolver: pds,
+    plcDirectoryUrl: pds,
+    allowHttp: true
+  })
+  cb.client = client
+  await page.goto((await client.authorize(user.handle, { scope: SET_SCOPE })).href)
+  await page.locator('#consent-form').waitFor()
+  check('permission set: its title on the consent page', await page.locator('#set-title-0').textContent() === '“Notes”')
+  const lines = await page.locator('#set-permissions-0 li').allTextContents()
+  check('permission set: what it grants, in words', lines.length === 1 &&
+    lines[0] === 'Create and change records of kind test.bulwark.e2e.note in your repository.', lines.join(' | '))
+  await checkPage(page, 'consent page with a permission set', ['a[href=/oauth/account]', 'approve', 'deny'], check)
+  const done = cb.next()
+  await page.click('#approve')
+  const session = await done
+  const tokens = sessions.m.get(user.did).tokenSet
+  check('permission set: the token endpoint answers exactly what it grants', tokens.scope === SET_GRANTS, tokens.scope)
+  const note = await xrpcPost(session, 'com.atproto.repo.createRecord', {
+    repo: user.did, collection: 'test.bulwark.e2e.note', record: { $type: 'test.bulwark.e2e.note', text: 'a note' }
+  })
+  check('permission set: a note can be written', note.status === 200, JSON.stringify(note.body))
+  const like = await xrpcPost(session, 'com.atproto.repo.createRecord', {
+    repo: user.did, collection: 'app.bsky.feed.like', record: { $type: 'app.bsky.feed.like', subject: { uri: note.body.uri, cid: note.body.cid }, createdAt: new Date().toISOString() }
+  })
+  check('permission set: what it declares outside its namespace is not granted (403)', like.status === 403, JSON.stringify(like.body))
+
+  const refused = cb.next().then(() => null, (e) => e)
+  await page.goto((await client.authorize(user.handle, { scope: SET_SCOPE, prompt: 'none' })).href)
+  const err = await refused
+  check('prompt=none: a public app is sent back with consent_required, no page shown',
+    err?.callbackError === 'consent_required', String(err))
+  await session.signOut()
 }
 
 try {
