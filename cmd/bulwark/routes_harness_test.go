@@ -74,16 +74,16 @@ func startPublicServer(t *testing.T, args ...string) *publicServer {
 }
 
 // tinyLimits are rate limits small enough to meet in a few requests: every
-// policy allows 2 requests (the global and getRepo limits 4), each in a
-// window of its own length, so that a refusal's RateLimit-Policy header
-// ("2;w=SECONDS") names the policy that refused.
+// policy allows 2 requests (the global and getRepo limits a few more),
+// each in a window of its own length, so that a refusal's
+// RateLimit-Policy header ("2;w=SECONDS") names the policy that refused.
 type tinyLimits struct {
 	limit  map[string]int
 	byWind map[string]string // window in seconds -> policy
 	flag   string            // --ratelimits
 }
 
-func newTinyLimits() *tinyLimits {
+func newTinyLimits(global int) *tinyLimits {
 	tl := &tinyLimits{limit: map[string]int{}, byWind: map[string]string{}}
 	var names []string
 	for name := range ratelimit.DefaultPolicies() {
@@ -94,7 +94,7 @@ func newTinyLimits() *tinyLimits {
 	for i, name := range names {
 		limit := 2
 		if name == ratelimit.PolicyGlobal || name == ratelimit.PolicyGetRepo {
-			limit = 4
+			limit = global
 		}
 		hours := i + 1
 		tl.limit[name] = limit

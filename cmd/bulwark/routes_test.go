@@ -26,7 +26,7 @@ import (
 // Each route's CORS preflight is limited too. Run with -v for the table.
 func TestEveryPublicRouteIsLimited(t *testing.T) {
 	t.Parallel()
-	tl := newTinyLimits()
+	tl := newTinyLimits(4)
 	ps := startPublicServer(t, "--ratelimits", tl.flag, "--refusal-cooloff", "0",
 		"--appview-url", fakeAppView(t), "--proxy-allow-private", "127.0.0.1/32")
 	routes := concretize(ps.srv.Routes())

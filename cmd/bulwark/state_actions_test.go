@@ -58,7 +58,7 @@ func (ps *publicServer) par(t *testing.T, c *http.Client, key *dpoptest.Key, for
 // of its own, as anyone may make) to the development PLC from one address
 // until refused.
 func (ps *publicServer) plcGenesisOps(t *testing.T, acct inputAccount) int {
-	return untilRefused(t, 10, func(c *http.Client) int {
+	return untilRefused(t, 30, func(c *http.Client) int {
 		key, err := atcrypto.GeneratePrivateKeyK256()
 		require.NoError(t, err)
 		pub, err := key.PublicKey()

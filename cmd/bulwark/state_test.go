@@ -101,7 +101,9 @@ type burstCounts struct {
 }
 
 func anonymousBurst(t *testing.T, inviteRequired bool) {
-	tl := newTinyLimits()
+	// Enough for every input of a method (its plausible ones, then its
+	// junk) before the global limit refuses.
+	tl := newTinyLimits(14)
 	ps := startPublicServer(t, "--ratelimits", tl.flag, "--refusal-cooloff", "0", "--appview-url", fakeAppView(t),
 		"--proxy-allow-private", "127.0.0.1/32", "--invite-required="+strconv.FormatBool(inviteRequired))
 	acct := ps.existingAccount(t, inviteRequired)
@@ -111,7 +113,7 @@ func anonymousBurst(t *testing.T, inviteRequired bool) {
 	var counts burstCounts
 
 	inParallel(routes, 6, func(c concreteRoute) {
-		res := burst(ps, tl, c, 12, anonymousRequests(ps, lex, acct, c))
+		res := burst(ps, tl, c, 20, anonymousRequests(ps, lex, acct, c))
 		if res.problem != "" {
 			t.Error(res.problem)
 		}
@@ -153,6 +155,11 @@ func anonymousBurst(t *testing.T, inviteRequired bool) {
 		}
 	}
 	sort.Strings(report)
+	for line := range strings.Lines(ps.logs.String()) {
+		if strings.Contains(line, "level=ERROR") {
+			t.Errorf("logged as a failure: %.500s", line)
+		}
+	}
 	t.Logf("%d routes; %d sign-ups, %d PARs, %d PLC operations, %d resets accepted:\n%s", len(routes),
 		counts.signup.Load(), counts.par.Load(), counts.plcOp.Load(), counts.reset.Load(), strings.Join(report, "\n"))
 }
