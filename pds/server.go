@@ -17,6 +17,9 @@
 //		...
 //		return writeJSON(w, http.StatusOK, out)
 //	}
+//
+// Any other path is registered with the rate limit it is charged to
+// (Server.handle, routes.go), so that every route is in the route table.
 package pds
 
 import (
