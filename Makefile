@@ -48,8 +48,9 @@ vet:
 # test-short is for the edit-test loop, not for CI (CI runs make test): no
 # -race, and -short skips the slow tests: indigo's relay resuming after a
 # repair (firehose/relaytest, waits out the relay's redial back-off), the
-# serve lifecycle and the console through serve in Chromium (cmd/bulwark,
-# build the binary and run a managed Postgres), the
+# serve lifecycle, the sweep of every XRPC method through serve and the
+# console through serve in Chromium (cmd/bulwark, build the binary and run
+# a managed Postgres), the
 # crash test (repo, kills a writer subprocess) and the load smoke tests
 # (cmd/bulwark-load, timed runs, one in a child process); the concurrent
 # writer tests (repo) and the rate limiter's memory bound (ratelimit) run

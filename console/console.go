@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -100,6 +101,8 @@ type Console struct {
 	keys  *keyring.Ring
 	mux   *http.ServeMux
 	pages *pages
+	// patterns are the mux's patterns (Patterns).
+	patterns []string
 }
 
 // New returns a console for cfg.
@@ -144,7 +147,7 @@ func New(cfg Config) (*Console, error) {
 // routes registers the console's pages. Every page but the login form and
 // the stylesheet needs a session; every POST needs its CSRF token.
 func (c *Console) routes() {
-	m := c.mux
+	m := &patternMux{ServeMux: c.mux, patterns: &c.patterns}
 	m.HandleFunc("GET "+Prefix+"static/{file}", c.handleStatic)
 	m.HandleFunc("GET "+Prefix+"login", c.handleLoginForm)
 	m.HandleFunc("POST "+Prefix+"login", c.handleLogin)
@@ -165,6 +168,26 @@ func (c *Console) routes() {
 	m.HandleFunc(Prefix, func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, "There is no such console page.")
 	})
+}
+
+// Patterns lists the console's routes (the http.ServeMux patterns), for
+// the server's route table. Every one is under the per-address limit
+// ServeHTTP applies first.
+func (c *Console) Patterns() []string { return slices.Clone(c.patterns) }
+
+// patternMux notes the patterns registered on it.
+type patternMux struct {
+	*http.ServeMux
+	patterns *[]string
+}
+
+func (m *patternMux) Handle(pattern string, h http.Handler) {
+	*m.patterns = append(*m.patterns, pattern)
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m *patternMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(h))
 }
 
 // ServeHTTP serves the console with its security headers.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,12 +14,20 @@ import (
 	"time"
 
 	"github.com/bulwark-pds/bulwark/audit"
+	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/outbound"
 )
 
 // Admin requestCrawl: ask relays to crawl this server now, as the reference
 // PDS's `pdsadmin request-crawl` does. The server sends the call, so its own
 // host name and configured crawlers are what count, wherever the admin runs
 // the CLI.
+//
+// Every call goes through the SSRF-safe outbound client, as every request
+// to a URL someone supplies does, even the admin: a configured crawler
+// (--crawlers) may be on a private address when the setting names it as
+// an IP address or localhost (as for the relay watch); a relay named in
+// the request only when --proxy-allow-private allows its address.
 
 // Limits of requestCrawl.
 const (
@@ -63,13 +72,12 @@ func (s *Server) handleRequestCrawl(w http.ResponseWriter, r *http.Request) erro
 		return InvalidRequest("no relay given and no crawlers configured (--crawlers, BULWARK_CRAWLERS)")
 	}
 	results := make([]requestCrawlResult, len(relays))
-	client := &http.Client{Timeout: requestCrawlTimeout}
 	var wg sync.WaitGroup
 	for i, relay := range relays {
 		wg.Go(func() {
 			results[i] = requestCrawlResult{Relay: relay, OK: true}
-			if err := requestCrawl(r.Context(), client, relay, s.cfg.Hostname); err != nil {
-				results[i].OK, results[i].Error = false, err.Error()
+			if err := requestCrawl(r.Context(), s.crawlClient(relay), relay, s.cfg.Hostname); err != nil {
+				results[i].OK, results[i].Error = false, crawlError(err)
 			}
 		})
 	}
@@ -82,6 +90,33 @@ func (s *Server) handleRequestCrawl(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"hostname": s.cfg.Hostname, "results": results})
+}
+
+// crawlClient is the client that asks relay: the configured crawlers'
+// (which may reach the private addresses they name literally) for one of
+// them, the server's outbound client for any other.
+func (s *Server) crawlClient(relay string) *http.Client {
+	for _, c := range s.cfg.Crawlers {
+		if u, err := relayURL(c); err == nil && u == relay {
+			return s.crawlers.HTTPClient()
+		}
+	}
+	return s.outbound.HTTPClient()
+}
+
+// newCrawlersClient is the client for the configured crawlers.
+func newCrawlersClient(cfg *config.Config, logger *slog.Logger) *outbound.Client {
+	allow := append(outbound.LiteralHosts(cfg.Crawlers), cfg.ProxyAllowPrivate...)
+	return outbound.New(outbound.Config{AllowCIDRs: allow, Timeout: requestCrawlTimeout, MaxResponseBytes: 64 << 10, Logger: logger})
+}
+
+// crawlError is the error reported for a relay: a refusal of the outbound
+// guard says what to do about it.
+func crawlError(err error) string {
+	if outbound.Refused(err) {
+		return err.Error() + " (a relay on a private address must be in --crawlers as an IP address, or in --proxy-allow-private)"
+	}
+	return err.Error()
 }
 
 // relayURL checks a relay given by the admin: an http(s) base URL, or a bare

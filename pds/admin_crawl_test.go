@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -64,9 +65,35 @@ func TestAdminRequestCrawl(t *testing.T) {
 	require.Len(t, entries, 1, "the admin's call is audited")
 	require.Equal(t, AdminNSIDPrefix+"requestCrawl", entries[0].Action)
 
-	// One relay given replaces the configured ones; a refusal is reported.
+	// A configured relay named in the request is reached as configured.
+	resp, body = call(testAdminPassword, `{"relay":"`+configured+`/"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	require.Equal(t, []requestCrawlResult{{Relay: configured, OK: true}}, decode(body).Results)
+	require.Equal(t, "pds.example.com", <-configuredGot)
+
+	// Any other relay given is fetched through the outbound guard: on a
+	// loopback address it is refused before anything is sent, although
+	// a configured crawler is on the same address.
+	other, otherGot := crawlRelay(t, http.StatusOK)
+	for _, relay := range []string{other, strings.Replace(other, "127.0.0.1", "localhost", 1)} {
+		resp, body = call(testAdminPassword, `{"relay":"`+relay+`"}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		r := decode(body)
+		require.Len(t, r.Results, 1)
+		require.False(t, r.Results[0].OK, relay)
+		require.Contains(t, r.Results[0].Error, "--proxy-allow-private")
+	}
+	require.Empty(t, otherGot, "nothing was sent to a relay the guard refused")
+
+	// With --proxy-allow-private it is reached, and its refusal reported.
+	allowed := setup(t, func(c *config.Config) {
+		c.Hostname = "pds.example.com"
+		c.AdminPassword = testAdminPassword
+		c.ProxyAllowPrivate = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	}, nil)
 	refusing, refusingGot := crawlRelay(t, http.StatusBadRequest)
-	resp, body = call(testAdminPassword, `{"relay":"`+refusing+`/"}`)
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Basic " + basic("admin", testAdminPassword)}}
+	resp, body = do(t, http.MethodPost, allowed.url+"/xrpc/"+AdminNSIDPrefix+"requestCrawl", strings.NewReader(`{"relay":"`+refusing+`/"}`), h)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	r := decode(body)
 	require.Len(t, r.Results, 1)
@@ -83,7 +110,6 @@ func TestAdminRequestCrawl(t *testing.T) {
 	requireXRPCError(t, resp, body, http.StatusUnauthorized, "AuthenticationRequired")
 
 	none := setup(t, func(c *config.Config) { c.AdminPassword = testAdminPassword }, nil)
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Basic " + basic("admin", testAdminPassword)}}
 	resp, body = do(t, http.MethodPost, none.url+"/xrpc/"+AdminNSIDPrefix+"requestCrawl", strings.NewReader(`{}`), h)
 	require.Contains(t, requireXRPCError(t, resp, body, http.StatusBadRequest, "InvalidRequest").Message, "no crawlers configured")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
@@ -18,17 +19,53 @@ type healthOutput struct {
 	Database string `json:"database"`
 }
 
+// healthCacheTTL is how long one database ping answers every health check:
+// _health has no per-address limit (unlimitedMethods), so a flood of it
+// must cost no database work.
+const healthCacheTTL = time.Second
+
+// healthCheck is the last database ping of _health, shared by the checks
+// that come within healthCacheTTL of it.
+type healthCheck struct {
+	mu  sync.Mutex
+	at  time.Time
+	err error
+	// pings counts the pings made (tests).
+	pings int
+	// now is the clock (tests replace it).
+	now func() time.Time
+}
+
 // handleHealth answers GET /xrpc/_health: the version, and whether Postgres
 // answers. 503 when it does not, so that a load balancer takes this node
 // out of rotation.
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if err := s.db.Ping(ctx); err != nil {
-		s.logger.Warn("health check: database unreachable", "request_id", RequestID(r.Context()), "error", err)
+	if err := s.databaseUp(r.Context()); err != nil {
 		return writeJSON(w, http.StatusServiceUnavailable, healthOutput{Version: s.version, Database: "unreachable"})
 	}
 	return writeJSON(w, http.StatusOK, healthOutput{Version: s.version, Database: "ok"})
+}
+
+// databaseUp pings the database, or returns the result of a ping made less
+// than healthCacheTTL ago. Checks that arrive during a ping wait for it.
+func (s *Server) databaseUp(ctx context.Context) error {
+	h := &s.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	if h.pings > 0 && now.Sub(h.at) < healthCacheTTL {
+		return h.err
+	}
+	// Not the caller's context: a client that goes away must not make
+	// the next second's checks fail.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthTimeout)
+	defer cancel()
+	h.err, h.at = s.db.Ping(ctx), now
+	h.pings++
+	if h.err != nil {
+		s.logger.Warn("health check: database unreachable", "request_id", RequestID(ctx), "error", h.err)
+	}
+	return h.err
 }
 
 // handleDescribeServer answers com.atproto.server.describeServer from the

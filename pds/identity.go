@@ -29,7 +29,7 @@ func (s *Server) registerIdentityRoutes() {
 	s.query("com.atproto.identity.resolveHandle", s.handleResolveHandle)
 	s.procedure("com.atproto.identity.updateHandle", s.handleUpdateHandle)
 	s.query("com.atproto.identity.getRecommendedDidCredentials", s.handleGetRecommendedDidCredentials)
-	s.mux.HandleFunc("GET /.well-known/atproto-did", s.handleWellKnownDID)
+	s.handle("GET /.well-known/atproto-did", ratelimit.PolicyGlobal, http.HandlerFunc(s.handleWellKnownDID))
 }
 
 // handleResolveHandle answers com.atproto.identity.resolveHandle: a hosted

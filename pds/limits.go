@@ -194,15 +194,19 @@ func (s *Server) limitDID(w http.ResponseWriter, policy string, did syntax.DID) 
 
 // globalLimit is the per-address limit every XRPC method is under, checked
 // by serveXRPC before the body is read. subscribeRepos has its own
-// admission (firehose.Admission) and _health must answer load balancers
-// whatever a client on the same address does.
+// admission instead (firehose.Admission: a bucket per address, then the
+// subscribeRefused limit), and the unlimitedMethods say why they have
+// none.
 func (s *Server) globalLimit(w http.ResponseWriter, r *http.Request, m *method) error {
 	policy := ratelimit.PolicyGlobal
 	switch m.nsid {
-	case "_health", "com.atproto.sync.subscribeRepos":
+	case "com.atproto.sync.subscribeRepos":
 		return nil
 	case "com.atproto.sync.getRepo":
 		policy = ratelimit.PolicyGetRepo
+	}
+	if _, ok := unlimitedMethods[m.nsid]; ok {
+		return nil
 	}
 	return s.rateLimit(w, policy, s.ipKey(r), 1)
 }

@@ -58,14 +58,15 @@ func (s *Server) mountOAuth() {
 	if s.oauth == nil {
 		return
 	}
-	om := http.NewServeMux()
+	om := &recordingMux{ServeMux: http.NewServeMux()}
 	s.oauth.Routes(om)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		om.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientAddrKey, s.clientIP(r))))
 	})
-	s.mux.Handle("/oauth/", h)
-	s.mux.Handle(oauth.PathASMetadata, h)
-	s.mux.Handle(oauth.PathRSMetadata, h)
+	// Every route oauth.Routes registers is under its per-address limits.
+	s.handleSelfLimited("/oauth/", h, "", om.patterns)
+	s.handleSelfLimited(oauth.PathASMetadata, h, "", nil)
+	s.handleSelfLimited(oauth.PathRSMetadata, h, "", nil)
 }
 
 type clientAddrKeyType struct{}

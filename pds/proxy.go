@@ -13,7 +13,6 @@ import (
 	"github.com/bulwark-pds/bulwark/metrics"
 	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/proxy"
-	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // Service proxying: every XRPC method Bulwark does not serve itself goes
@@ -100,7 +99,8 @@ func (s *Server) proxyWriteGrace() time.Duration {
 }
 
 // serveProxy is Server.unknownMethod when the proxy is on. Before any
-// upstream work, in order: the global per-address rate limit, the verb,
+// upstream work, in order (serveXRPC has charged the global per-address
+// rate limit already): the verb,
 // the caller's credentials (absent is anonymous; present must be valid),
 // the proxy policy, the client's count of proxied requests in flight,
 // the target (the atproto-proxy header resolved), and admission to its
@@ -109,9 +109,6 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request) error {
 	nsid, err := syntax.ParseNSID(strings.TrimPrefix(r.URL.Path, "/xrpc/"))
 	if err != nil {
 		return methodNotImplemented(w, r)
-	}
-	if err := s.rateLimit(w, ratelimit.PolicyGlobal, s.ipKey(r), 1); err != nil {
-		return err
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodPost:

@@ -17,6 +17,9 @@
 //		...
 //		return writeJSON(w, http.StatusOK, out)
 //	}
+//
+// Any other path is registered with the rate limit it is charged to
+// (Server.handle, routes.go), so that every route is in the route table.
 package pds
 
 import (
@@ -136,8 +139,14 @@ type Options struct {
 	// account KeyStore). Nil: proxied requests carry no token.
 	Keys proxy.KeySource
 	// Console, when set, is served under /admin/ (the operator console,
-	// package console), behind the same access log and request ids.
+	// package console), behind the same access log and request ids. It
+	// must hold every request to a per-address limit itself; when it is
+	// Patterned, Routes lists its pages.
 	Console http.Handler
+	// Routes are more paths to serve beside the PDS's own (cmd/bulwark's
+	// server identity and TLS ask, the development PLC), each under the
+	// same middleware and a per-address rate limit.
+	Routes []Route
 	// OnOverload, when set, is called each time a request is refused with
 	// 503 because the in-flight budget (or the getRepo export slots) is
 	// full: the overload storm detector counts them.
@@ -165,11 +174,16 @@ type Server struct {
 	logger  *slog.Logger
 	version string
 
-	mux     *http.ServeMux
+	mux     routeMux
 	handler http.Handler
 	// methods is filled by routes before the first request and only read
 	// afterwards, so it needs no lock.
 	methods map[string]*method
+	// table is the route table Routes lists (routes.go), and prefixes
+	// the Options.Routes served by path prefix; both are filled before
+	// the first request and only read afterwards.
+	table    []PublicRoute
+	prefixes []prefixRoute
 	// unknownMethod answers /xrpc/ paths with no registered method:
 	// serveProxy when the proxy is on, else MethodNotImplemented.
 	unknownMethod handlerFunc
@@ -196,6 +210,8 @@ type Server struct {
 	replay *replay.Store
 	// outbound makes every request to a URL a user influences.
 	outbound *outbound.Client
+	// crawlers asks the configured crawlers to crawl (admin_crawl.go).
+	crawlers *outbound.Client
 
 	blobs *blob.Service
 	// oauth is the OAuth authorization server (nil: no OAuth).
@@ -220,6 +236,8 @@ type Server struct {
 	onOverload func()
 	// bodyRate is the minimum rate of long-running requests' bodies.
 	bodyRate bodyRate
+	// health is the database ping _health answers from.
+	health healthCheck
 }
 
 // New builds a Server and registers its routes.
@@ -243,7 +261,7 @@ func New(opts Options) (*Server, error) {
 		db:            opts.DB,
 		logger:        logger,
 		version:       version,
-		mux:           http.NewServeMux(),
+		mux:           routeMux{http.NewServeMux()},
 		methods:       map[string]*method{},
 		unknownMethod: methodNotImplemented,
 		holdRefused:   waitFor,
@@ -251,11 +269,13 @@ func New(opts Options) (*Server, error) {
 	if opts.holdRefused != nil {
 		s.holdRefused = opts.holdRefused
 	}
+	s.health.now = time.Now
 	s.bodyRate = defaultBodyRate
 	if opts.bodyRate != nil {
 		s.bodyRate = *opts.bodyRate
 	}
 	s.outbound = newOutbound(opts, logger)
+	s.crawlers = newCrawlersClient(opts.Config, logger)
 	dir := newDirectory(opts.Config, s.outbound, logger)
 	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, dir
 	s.serviceAuth = newServiceAuthValidator(opts.Config, dir)
@@ -296,14 +316,16 @@ func New(opts Options) (*Server, error) {
 		s.subscribeAdmission = newSubscribeAdmission(opts)
 		s.onShutdown(opts.Firehose.Close)
 	}
-	s.routes()
-	s.handler = s.observe(cors(s.mux))
+	s.routes(opts.Routes)
+	s.handler = s.observe(s.cors(s.mux.m))
 	return s, nil
 }
 
 // routes registers every method and path. XRPC methods: one line each,
 // grouped by lexicon namespace, handlers in the file of their group.
-func (s *Server) routes() {
+// Other paths: through handle (routes.go), each with its per-address
+// limit.
+func (s *Server) routes(extra []Route) {
 	// Operations.
 	s.query("_health", s.handleHealth)
 	s.registerAdminFirehoseRoutes()
@@ -329,14 +351,21 @@ func (s *Server) routes() {
 	}
 
 	// Paths outside /xrpc.
-	s.mux.HandleFunc("GET /{$}", s.handleRoot)
-	s.mux.HandleFunc("GET /robots.txt", s.handleRobots)
+	s.handle("GET /{$}", ratelimit.PolicyGlobal, http.HandlerFunc(s.handleRoot))
+	s.handle("GET /robots.txt", ratelimit.PolicyGlobal, http.HandlerFunc(s.handleRobots))
 	s.mountOAuth()
-	s.mux.HandleFunc("/xrpc/", s.withDPoPNonce(s.serveXRPC))
+	// serveXRPC charges each request to the global limit (globalLimit)
+	// or, for subscribeRepos, to the firehose admission.
+	s.handleSelfLimited("/xrpc/", s.withDPoPNonce(s.serveXRPC), "", nil)
 	if s.console != nil {
-		s.mux.Handle("/admin/", s.console)
+		var pages []string
+		if p, ok := s.console.(Patterned); ok {
+			pages = p.Patterns()
+		}
+		s.handleSelfLimited("/admin/", s.console, "/admin/", pages)
 	}
-	s.mux.HandleFunc("/", s.handleNotFound)
+	s.mountRoutes(extra)
+	s.handleSelfLimited("/", s.fallback(), "", nil)
 }
 
 // Outbound is the client every request to a URL a user influences goes
@@ -554,13 +583,20 @@ const (
 	corsMaxAge = "86400"
 )
 
-func cors(next http.Handler) http.Handler {
+// cors sets the CORS headers and answers preflights, each charged to the
+// client's address under the preflight limit (apart from the global one:
+// a browser sends one before many of its requests).
+func (s *Server) cors(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Access-Control-Allow-Origin", "*")
 		h.Set("Access-Control-Expose-Headers", corsExposeHeaders)
 		if r.Method != http.MethodOptions {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if err := s.rateLimit(w, ratelimit.PolicyPreflight, s.ipKey(r), 1); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 		h.Set("Access-Control-Allow-Methods", corsAllowMethods)

@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -303,16 +305,40 @@ func TestDescribeServer(t *testing.T) {
 
 func TestHealth(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
-	resp, body := do(t, http.MethodGet, b.url+"/xrpc/_health", nil, nil)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	require.JSONEq(t, `{"version":"test","database":"ok"}`, string(body))
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	b := setup(t, nil, func(s *Server) { s.health.now = func() time.Time { return time.Unix(0, clock.Load()) } })
+	pings := func() int {
+		b.server.health.mu.Lock()
+		defer b.server.health.mu.Unlock()
+		return b.server.health.pings
+	}
+	health := func() (int, string) {
+		resp, body := do(t, http.MethodGet, b.url+"/xrpc/_health", nil, nil)
+		return resp.StatusCode, string(body)
+	}
+	status, body := health()
+	require.Equal(t, http.StatusOK, status, body)
+	require.JSONEq(t, `{"version":"test","database":"ok"}`, body)
 
-	// With the pool gone the check fails, and says so with a 503.
+	// A flood of checks within healthCacheTTL costs one ping in all: the
+	// method has no per-address limit.
+	for range 50 {
+		status, _ := health()
+		require.Equal(t, http.StatusOK, status)
+	}
+	require.Equal(t, 1, pings())
+
+	// With the pool gone the next ping fails, and the check says so with
+	// a 503.
 	b.server.db.Close()
-	resp, body = do(t, http.MethodGet, b.url+"/xrpc/_health", nil, nil)
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, string(body))
-	require.JSONEq(t, `{"version":"test","database":"unreachable"}`, string(body))
+	status, _ = health()
+	require.Equal(t, http.StatusOK, status, "within the TTL: the last ping's answer")
+	clock.Add(int64(healthCacheTTL))
+	status, body = health()
+	require.Equal(t, http.StatusServiceUnavailable, status, body)
+	require.JSONEq(t, `{"version":"test","database":"unreachable"}`, body)
+	require.Equal(t, 2, pings())
 }
 
 func TestCORS(t *testing.T) {

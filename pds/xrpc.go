@@ -18,6 +18,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/bulwark-pds/bulwark/account"
+	"github.com/bulwark-pds/bulwark/ratelimit"
 )
 
 // writeError answers err as an XRPC error. A 500 is logged with its cause
@@ -333,7 +334,13 @@ func (s *Server) serveXRPC(w http.ResponseWriter, r *http.Request) {
 	nsid := strings.TrimPrefix(r.URL.Path, "/xrpc/")
 	m, ok := s.methods[nsid]
 	if !ok {
-		if err := s.unknownMethod(w, r); err != nil {
+		// Proxied or refused as not implemented: under the global limit
+		// either way, charged here once.
+		err := s.rateLimit(w, ratelimit.PolicyGlobal, s.ipKey(r), 1)
+		if err == nil {
+			err = s.unknownMethod(w, r)
+		}
+		if err != nil {
 			s.writeError(w, r, err)
 		}
 		return

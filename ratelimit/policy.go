@@ -101,6 +101,12 @@ const (
 	// PolicyImportRepo is Bulwark's own: repository imports started,
 	// keyed by DID. A migration imports once; a few retries fit.
 	PolicyImportRepo = "importRepo"
+	// PolicyPreflight is Bulwark's own: CORS preflight requests (OPTIONS),
+	// keyed by IP. Browsers send one before many cross-origin requests
+	// (per URL, so per query string), and they are answered before any
+	// route, so they are apart from the global limit rather than halving
+	// a browser client's share of it.
+	PolicyPreflight = "preflight"
 	// PolicyMailRecipient is Bulwark's own: mail sent to one address,
 	// keyed by the normalised address (email.RecipientKey), whichever
 	// account or flow asks for it, so that sign-ups and code requests
@@ -111,7 +117,8 @@ const (
 // DefaultPolicies returns, by limiter name, the limits the reference PDS
 // (bluesky-social/atproto) applies when its rate limiting is on, and
 // Bulwark's own: loginAddress, adminAuth, resolveHandle, subscribeRefused,
-// consoleLogin, importRepo, mailRecipient and the OAuth endpoints' (oauth*).
+// consoleLogin, importRepo, mailRecipient, preflight and the OAuth
+// endpoints' (oauth*).
 // subscribeRepos is not here: the reference PDS does not limit it, and
 // firehose.Admission has its own per-client bucket.
 func DefaultPolicies() map[string][]Rule {
@@ -135,6 +142,7 @@ func DefaultPolicies() map[string][]Rule {
 		PolicyResetPassword:    {{Name: "5m", Limit: 50, Window: fiveMin}},
 		PolicyRepoWrite:        {{Name: "hour", Limit: 5000, Window: time.Hour}, {Name: "day", Limit: 35000, Window: Day}},
 		PolicyConsoleLogin:     {{Name: "5m", Limit: 10, Window: fiveMin}, {Name: "day", Limit: 100, Window: Day}},
+		PolicyPreflight:        {{Name: "5m", Limit: 3000, Window: fiveMin}},
 		PolicyImportRepo:       {{Name: "hour", Limit: 10, Window: time.Hour}, {Name: "day", Limit: 20, Window: Day}},
 		// Three mails at once (a code, a resend, a reset), then one every
 		// 100 s; ten an hour and twenty-five a day in all.

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -36,20 +35,9 @@ func newDevPLC(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) *plc
 // /{did}/log/audit, ...). No PDS route begins so, which lets one listener
 // serve both and the server's own URL be its PLC URL: clients resolve its
 // DIDs there (goat --plc-host, @atproto/identity's plcUrl, indigo's
-// PLCURL) with nothing else to run or configure.
+// PLCURL) with nothing else to run or configure. The PDS serves these
+// paths (publicRoutes) under its middleware and the global limit.
 const devPLCPathPrefix = "/did:plc:"
-
-// withDevPLC routes the PLC directory's paths to dir and everything else
-// to the PDS.
-func withDevPLC(pdsHandler, dir http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, devPLCPathPrefix) {
-			dir.ServeHTTP(w, r)
-			return
-		}
-		pdsHandler.ServeHTTP(w, r)
-	})
-}
 
 // DefaultDevPLCListen is where `bulwark dev-plc` listens by default; point
 // a server at it with BULWARK_PLC_URL=http://127.0.0.1:2582 (a server

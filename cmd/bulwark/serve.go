@@ -104,18 +104,14 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 	if err := checkHost(ctx, cfg, d.Pool, devPLC, logger); err != nil {
 		return err
 	}
-	b, err := buildServer(ctx, cfg, d.Pool, devPLC, st.metricsLn, logger)
+	rt := serverid.NewRuntime(adminURL(cfg.Listen), cfg.PublicURL(), cfg.ServiceDID())
+	b, err := buildServer(ctx, cfg, d.Pool, devPLC, st.metricsLn, logger, publicRoutes(cfg, d.Pool, &rt, devPLC))
 	if err != nil {
 		return err
 	}
 	svcs := startServices(b.services)
 	defer svcs.cancel()
 	hs := b.srv.HTTPServer()
-	if devPLC != nil {
-		hs.Handler = withDevPLC(hs.Handler, devPLC)
-	}
-	rt := serverid.NewRuntime(adminURL(cfg.Listen), cfg.PublicURL(), cfg.ServiceDID())
-	hs.Handler = withServerRoutes(hs.Handler, cfg, d.Pool, &rt, b.srv, b.limits)
 	info, err := newStartInfo(ctx, cfg, d.Pool)
 	if err != nil {
 		return err
@@ -155,7 +151,7 @@ func listen(cfg *config.Config) (net.Listener, error) {
 // devPLC, when not nil, is the development PLC directory this server runs:
 // the PLC client then submits to it in process.
 func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
-	b, err := buildServer(ctx, cfg, pool, devPLC, nil, logger)
+	b, err := buildServer(ctx, cfg, pool, devPLC, nil, logger, publicRoutes(cfg, pool, nil, devPLC))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -170,17 +166,17 @@ type builtServer struct {
 }
 
 // buildServer is newServer with the --metrics-listen listener bound by the
-// caller (nil: bound when its service starts), returning the rate
-// limiters too.
-func buildServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger) (*builtServer, error) {
-	srv, services, limits, err := assembleServer(ctx, cfg, pool, devPLC, metricsLn, logger)
+// caller (nil: bound when its service starts) and the paths to serve
+// beside the PDS's own (publicRoutes), returning the rate limiters too.
+func buildServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*builtServer, error) {
+	srv, services, limits, err := assembleServer(ctx, cfg, pool, devPLC, metricsLn, logger, routes)
 	if err != nil {
 		return nil, err
 	}
 	return &builtServer{srv: srv, services: services, limits: limits}, nil
 }
 
-func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger) (*pds.Server, []service, *ratelimit.Set, error) {
+func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*pds.Server, []service, *ratelimit.Set, error) {
 	alerts, services, err := newAlerts(cfg, logger)
 	if err != nil {
 		return nil, nil, nil, err
@@ -240,6 +236,7 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	}
 	services = append(services, consoleServices...)
 	opts.Console = consoleHandler
+	opts.Routes = routes
 	srv, err = pds.New(opts)
 	if err != nil {
 		return nil, nil, nil, err

@@ -20,7 +20,6 @@ import (
 	"github.com/bulwark-pds/bulwark/pds"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
-	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/serverid"
 )
 
@@ -132,26 +131,24 @@ func checkHost(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	return nil
 }
 
-// withServerRoutes adds, in front of the PDS, the routes that are about
-// the server rather than its accounts: who it is (for bulwark admin on
-// this machine) and which names it serves (for a TLS terminator's
-// on-demand certificates). Both are on the public listener, each request
-// charged to the client's address under the global rate limit.
-func withServerRoutes(next http.Handler, cfg *config.Config, pool *pgxpool.Pool, rt *serverid.Runtime, srv *pds.Server, limits *ratelimit.Set) http.Handler {
-	global := limits.Get(ratelimit.PolicyGlobal)
-	allow := func(w http.ResponseWriter, r *http.Request) bool {
-		d := global.AllowN(ratelimit.IPKey(srv.ClientIP(r)), 1)
-		ratelimit.SetHeaders(w.Header(), d, time.Now())
-		if !d.Allowed {
-			ratelimit.WriteRefusal(w, d)
-		}
-		return d.Allowed
+// publicRoutes are the paths serve adds to the PDS's own, each under the
+// PDS's middleware (access log, request id, metrics, CORS) and charged to
+// the client's address under the global limit before it runs: who the
+// server is (for bulwark admin on this machine; with rt only), which names
+// it serves (for a TLS terminator's on-demand certificates), and the
+// development PLC's API when the server runs one (devPLC).
+func publicRoutes(cfg *config.Config, pool *pgxpool.Pool, rt *serverid.Runtime, devPLC *plctest.Directory) []pds.Route {
+	// The PDS has charged the request before these handlers run.
+	allow := func(http.ResponseWriter, *http.Request) bool { return true }
+	routes := []pds.Route{{Pattern: serverid.AskPath, Handler: serverid.AskHandler(pool, cfg.Hostname, allow)}}
+	if rt != nil {
+		addrs := serverid.Addresses{Listen: cfg.Listen, PublicURL: cfg.PublicURL()}
+		routes = append(routes, pds.Route{Pattern: serverid.IdentifyPath, Handler: serverid.Handler(rt, addrs, allow)})
 	}
-	mux := http.NewServeMux()
-	mux.Handle(serverid.IdentifyPath, serverid.Handler(rt, serverid.Addresses{Listen: cfg.Listen, PublicURL: cfg.PublicURL()}, allow))
-	mux.Handle(serverid.AskPath, serverid.AskHandler(pool, cfg.Hostname, allow))
-	mux.Handle("/", next)
-	return mux
+	if devPLC != nil {
+		routes = append(routes, pds.Route{Prefix: devPLCPathPrefix, Handler: devPLC})
+	}
+	return routes
 }
 
 // writeRuntime records the running server in its data directory for

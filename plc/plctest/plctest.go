@@ -46,11 +46,16 @@ type Directory struct {
 	store Store
 	mu    sync.Mutex // serialises this directory's submissions
 	last  time.Time  // time of the last accepted operation
+	// mux routes the HTTP API; patterns are its patterns (Patterns).
+	mux      *http.ServeMux
+	patterns []string
 }
 
 // NewDirectory returns a directory over store.
 func NewDirectory(store Store) *Directory {
-	return &Directory{store: store}
+	d := &Directory{store: store, mux: http.NewServeMux()}
+	d.routes()
+	return d
 }
 
 // New returns an empty in-memory directory.
@@ -156,28 +161,45 @@ func (d *Directory) Count() int {
 	return n
 }
 
-// ServeHTTP implements the directory's HTTP API. Reads are open to
-// browsers (CORS), as the real directory's are.
-func (d *Directory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Access-Control-Allow-Origin", "*")
-	path := strings.TrimPrefix(r.URL.Path, "/")
-	if path == "" || path == "_health" {
-		writeJSON(w, http.StatusOK, map[string]string{"version": "bulwark-plctest"})
-		return
+// routes registers the directory's HTTP API. Reads are open to browsers
+// (CORS), as the real directory's are.
+func (d *Directory) routes() {
+	handle := func(pattern string, h http.HandlerFunc) {
+		d.patterns = append(d.patterns, pattern)
+		d.mux.HandleFunc(pattern, h)
 	}
-	did, rest, _ := strings.Cut(path, "/")
-	switch {
-	case r.Method == http.MethodPost && rest == "":
-		d.serveSubmit(w, r, did)
-	case r.Method == http.MethodOptions:
+	version := func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": "bulwark-plctest"})
+	}
+	handle("GET /{$}", version)
+	handle("GET /_health", version)
+	handle("POST /{did}", func(w http.ResponseWriter, r *http.Request) { d.serveSubmit(w, r, r.PathValue("did")) })
+	for _, rest := range []string{"", "data", "log", "log/last", "log/audit"} {
+		handle("GET "+strings.TrimSuffix("/{did}/"+rest, "/"), func(w http.ResponseWriter, r *http.Request) {
+			d.serveRead(w, r, r.PathValue("did"), rest)
+		})
+	}
+	handle("OPTIONS /", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Access-Control-Allow-Methods", "GET, HEAD, POST")
 		w.Header().Set("Access-Control-Allow-Headers", "Content-Type")
 		w.WriteHeader(http.StatusNoContent)
-	case r.Method != http.MethodGet && r.Method != http.MethodHead:
-		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
-	default:
-		d.serveRead(w, r, did, rest)
-	}
+	})
+	handle("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+			return
+		}
+		writeError(w, http.StatusNotFound, "not found")
+	})
+}
+
+// Patterns lists the http.ServeMux patterns of the HTTP API.
+func (d *Directory) Patterns() []string { return append([]string(nil), d.patterns...) }
+
+// ServeHTTP implements the directory's HTTP API.
+func (d *Directory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Access-Control-Allow-Origin", "*")
+	d.mux.ServeHTTP(w, r)
 }
 
 func (d *Directory) serveSubmit(w http.ResponseWriter, r *http.Request, did string) {
