@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,6 +64,17 @@ func (c *Config) validateServer() error {
 			// pgconn redacts the password in its parse errors.
 			return settingError("database-url", "%v", err)
 		}
+	}
+	if c.DatabaseDirectURL != "" {
+		if c.DatabaseURL == "" {
+			return settingError("database-direct-url", "needs --database-url: the managed Postgres is reached directly")
+		}
+		if _, err := pgconn.ParseConfig(c.DatabaseDirectURL); err != nil {
+			return settingError("database-direct-url", "%v", err)
+		}
+	}
+	if c.LeaseTimeout < time.Second || c.LeaseTimeout > time.Minute {
+		return settingError("lease-timeout", "must be between 1s and 1m (got %s)", c.LeaseTimeout)
 	}
 	if c.AdminPassword != "" {
 		if err := checkAdminPassword(c.AdminPassword); err != nil {

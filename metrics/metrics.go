@@ -143,6 +143,21 @@ var (
 	})
 )
 
+// Cluster: the leases of the jobs one node runs at a time (package
+// cluster).
+var (
+	// LeaseHeld is 1 for each lease this node holds, 0 for those it wants.
+	LeaseHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "cluster", Name: "lease_held",
+		Help: "1 for each singleton job's lease this node holds (sequencer, firehose-pruner, blob-collector, ...), 0 for those another node holds.",
+	}, []string{"lease"})
+	// LeaseTakeovers counts the leases this node took.
+	LeaseTakeovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "cluster", Name: "lease_takeovers_total",
+		Help: "Leases this node took (at start, or from a holder that stopped renewing).",
+	}, []string{"lease"})
+)
+
 // Firehose.
 var (
 	// FirehoseSubscribers is the number of open subscribeRepos streams.
@@ -190,7 +205,7 @@ func init() {
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
 		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots,
-		EventLogLastSeq, SequencerLag, SequencerPending,
+		EventLogLastSeq, SequencerLag, SequencerPending, LeaseHeld, LeaseTakeovers,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,
 	)

@@ -187,6 +187,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	var oldRev string
 	begin := &pgx.Batch{}
 	begin.Queue("BEGIN")
+	begin.Queue(qHoldLockBriefly)
 	if guard != nil {
 		begin.Queue(guard.SQL, guard.Args...)
 	}

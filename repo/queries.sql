@@ -1,6 +1,20 @@
 -- name: LockRoot
 SELECT commit_cid, data_cid, rev FROM repo_roots WHERE did = $1 FOR UPDATE;
 
+-- name: HoldLockBriefly
+-- First in a commit transaction that holds the repo's row lock across
+-- round trips: a writer that freezes (or loses its network) with the lock
+-- held loses its session after this long, and the repo's other writers,
+-- on every node, go on. The commit itself needs milliseconds between its
+-- round trips.
+SET LOCAL idle_in_transaction_session_timeout = '5s';
+
+-- name: NoIdleLimit
+-- First in an export's read-only transaction: a slow reader (or the
+-- export rate) may leave it idle between its queries for long, and it
+-- holds no lock anyone waits for.
+SET LOCAL idle_in_transaction_session_timeout = 0;
+
 -- name: InsertRoot
 INSERT INTO repo_roots (did, commit_cid, commit_data, data_cid, rev)
 VALUES ($1, $2, $3, $4, $5)

@@ -39,7 +39,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	mailer, err := newMailer(cfg, pool, logger)
+	mailer, err := newMailer(cfg, pool, repoCfg.Sessions, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}

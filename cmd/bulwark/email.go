@@ -17,7 +17,7 @@ import (
 // the metrics registry. Without --smtp-url every mail is held and the
 // codes are read with `bulwark admin account tokens`. The caller runs its
 // worker (Mailer.Run) beside the server.
-func newMailer(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*email.Mailer, error) {
+func newMailer(cfg *config.Config, pool, sessions *pgxpool.Pool, logger *slog.Logger) (*email.Mailer, error) {
 	smtp, err := cfg.SMTP()
 	if err != nil {
 		return nil, err
@@ -27,6 +27,7 @@ func newMailer(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*em
 		From:        cfg.EmailFrom,
 		Hostname:    cfg.Hostname,
 		TemplateDir: cfg.EmailTemplates,
+		Sessions:    sessions,
 		Registerer:  replacingRegisterer{metrics.Registry},
 		Logger:      logger,
 	})

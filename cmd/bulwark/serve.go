@@ -96,12 +96,16 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 		defer cancel()
 		d.Close(ctx)
 	}()
-	if err := db.Migrate(ctx, d.Pool, logger); err != nil {
+	if err := db.Migrate(ctx, d.Sessions, logger); err != nil {
+		return err
+	}
+	role, err := joinCluster(ctx, cfg, d, logger)
+	if err != nil {
 		return err
 	}
 
 	devPLC := newDevPLC(cfg, d.Pool, logger)
-	srv, services, err := newServer(ctx, cfg, d.Pool, devPLC, logger)
+	srv, services, err := newServer(ctx, cfg, d.Pool, role, devPLC, logger)
 	if err != nil {
 		return err
 	}
@@ -143,20 +147,33 @@ func listen(cfg *config.Config) (net.Listener, error) {
 // closes. Add one as a line here (sequencer, firehose hub, crawl
 // notifier, ...).
 //
+// role is how the server takes part in the cluster on its database: the
+// singleton jobs (sequencer, pruning, blob collection, ...) run under its
+// leases. nil: a role of its own (a server built by a test, never joined).
+//
 // devPLC, when not nil, is the development PLC directory this server runs:
 // the PLC client then submits to it in process.
-func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
+func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
+	if role == nil {
+		role = standaloneRole(pool)
+	}
 	alerts, services, err := newAlerts(cfg, logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger, consumerStuckAlert(alerts))
+	sequencer, hub, firehoseServices := newFirehose(cfg, pool, role, logger, consumerStuckAlert(alerts))
 	services = append(services, firehoseServices...)
-	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, logger)
+	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, func() bool { return role.holds(leaseRelayAlerts) }, logger)
 	if err != nil {
 		return nil, nil, err
 	}
 	services = append(services, watch.services...)
+	if watch.watch != nil {
+		role.singleton(leaseRelayAlerts, func(ctx context.Context) error {
+			<-ctx.Done()
+			return nil
+		})
+	}
 	protect, err := newProtection(cfg, pool, sequencer, logger)
 	if err != nil {
 		return nil, nil, err
@@ -168,15 +185,16 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
-	services = append(services, service{name: "blob collector", run: blobs.Run})
+	role.singleton(leaseBlobCollector, blobs.Run)
 	var plcHTTP *http.Client
 	if devPLC != nil {
 		plcHTTP = devPLC.Client()
 	}
-	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs, Sessions: role.sessions}, plcHTTP, logger, blobs)
 	if err != nil {
 		return nil, nil, err
 	}
+	role.useClock(engine.SetClockID)
 	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
 	// One client for every URL a user influences, so one guard and one
@@ -208,10 +226,11 @@ func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devP
 	if err != nil {
 		return nil, nil, err
 	}
-	services = append(services, service{name: "oauth cleanup", run: func(ctx context.Context) error {
+	role.singleton(leaseOAuthCleanup, func(ctx context.Context) error {
 		srv.OAuth().Run(ctx, 0)
 		return nil
-	}})
+	})
+	services = append(services, role.services()...)
 	slots := srv.ExportSlots()
 	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())

@@ -1,0 +1,101 @@
+-- +goose Up
+
+-- Leases of the jobs one node of a cluster runs at a time (the sequencer,
+-- retention, blob collection, the relay watch, ...). The holder renews
+-- expires_at every tick; any node takes over a lease whose expiry has
+-- passed, raising its epoch. Expiry is compared with the database's clock,
+-- so the nodes' clocks do not matter. A job that publishes (the sequencer)
+-- checks, in its own transaction, that the epoch is still the one it took
+-- (bulwark_sequence below): a holder that was frozen or cut off and then
+-- comes back cannot publish once another node has taken over.
+CREATE TABLE cluster_leases (
+    name        text        PRIMARY KEY,
+    holder      text        NOT NULL DEFAULT '',
+    epoch       bigint      NOT NULL DEFAULT 0,
+    expires_at  timestamptz NOT NULL DEFAULT '-infinity',
+    acquired_at timestamptz
+);
+
+-- The nodes of a cluster, one row per TID clock id (0-1023, the 10 bits a
+-- TID has for it): a starting node claims the row seen longest ago, so
+-- record keys and revs made on different nodes never collide. A running
+-- node updates seen_at every second; facts are what every node must agree
+-- on (fingerprints of secrets, the blob store), compared at start.
+CREATE TABLE cluster_nodes (
+    clock_id   integer     PRIMARY KEY CHECK (clock_id BETWEEN 0 AND 1023),
+    node       text        NOT NULL DEFAULT '',
+    host       text        NOT NULL DEFAULT '',
+    version    text        NOT NULL DEFAULT '',
+    started_at timestamptz,
+    seen_at    timestamptz NOT NULL DEFAULT '-infinity',
+    stopped_at timestamptz,
+    facts      jsonb       NOT NULL DEFAULT '{}'
+);
+INSERT INTO cluster_nodes (clock_id) SELECT generate_series(0, 1023);
+
+-- Facts that must never change for a database, whichever node starts: the
+-- fingerprint of the PLC rotation key (it also seals every account's
+-- signing key).
+CREATE TABLE cluster_facts (
+    name       text        PRIMARY KEY,
+    value      text        NOT NULL,
+    set_by     text        NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- bulwark_sequence (migrations/00007) fenced by a lease: with p_lease set,
+-- the batch takes a share lock on the lease row and numbers nothing unless
+-- the lease is still at p_epoch (SQLSTATE BW003 otherwise). A takeover
+-- updates that row, so it waits for a batch in flight, and a batch after
+-- it sees the new epoch: two holders never both number events. The
+-- one-argument form stays for nodes of the previous version during a
+-- rolling upgrade (their batches still serialise on sequencer_state).
+-- +goose StatementBegin
+CREATE FUNCTION bulwark_sequence(p_limit integer, p_lease text, p_epoch bigint)
+RETURNS TABLE (numbered bigint, last_seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    base bigint;
+    n bigint;
+    top bigint;
+    cur bigint;
+BEGIN
+    -- An idle poll must not lock (and so write and flush) anything.
+    IF NOT EXISTS (SELECT 1 FROM events e WHERE e.seq IS NULL) THEN
+        RETURN;
+    END IF;
+    IF p_lease IS NOT NULL THEN
+        SELECT l.epoch INTO cur FROM cluster_leases l WHERE l.name = p_lease FOR SHARE;
+        IF cur IS DISTINCT FROM p_epoch THEN
+            RAISE EXCEPTION 'lease % is at epoch %, not %: another node took it over', p_lease, cur, p_epoch
+                USING ERRCODE = 'BW003';
+        END IF;
+    END IF;
+    SELECT s.last_seq INTO base FROM sequencer_state s WHERE s.id = 1 FOR UPDATE;
+    WITH p AS (
+        SELECT e.id, row_number() OVER (ORDER BY e.id) AS rn
+        FROM events e
+        WHERE e.seq IS NULL
+        ORDER BY e.id
+        LIMIT p_limit
+    ), u AS (
+        UPDATE events e SET seq = base + p.rn FROM p WHERE e.id = p.id RETURNING e.seq
+    )
+    SELECT count(*), max(u.seq) INTO n, top FROM u;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE sequencer_state s SET last_seq = top WHERE s.id = 1;
+    PERFORM pg_notify('bulwark_sequenced', top::text);
+    numbered := n;
+    last_seq := top;
+    RETURN NEXT;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+DROP FUNCTION bulwark_sequence(integer, text, bigint);
+DROP TABLE cluster_facts;
+DROP TABLE cluster_nodes;
+DROP TABLE cluster_leases;
