@@ -192,6 +192,9 @@ func OpenPools(ctx context.Context, url, directURL string, logger *slog.Logger) 
 	if p.Sessions, err = Open(ctx, directURL, logger); err != nil {
 		p.Sessions = nil
 		p.Close()
+		if refusedSettings(err) {
+			return nil, &PoolerError{Direct: true}
+		}
 		return nil, err
 	}
 	if directPooled, err := DetectPooler(ctx, p.Sessions); err != nil || directPooled {
