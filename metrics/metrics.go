@@ -116,10 +116,19 @@ var (
 		Help: "Commit groups refused whole (a member's root moved or its session was refused) and stored commit by commit.",
 	})
 	// StaleRoots counts one-round-trip commits refused because another
-	// process had moved the repo's root; each was redone under the row lock.
+	// process had moved the repo's root; each was rebuilt on the cached
+	// tree caught up (StateRefreshes) or, failing that, redone under the
+	// row lock.
 	StaleRoots = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "repo", Name: "stale_roots_total",
-		Help: "Commits built on a cached tree whose root another process had moved; redone under the repo's row lock.",
+		Help: "Commits built on a cached tree whose root another process had moved; rebuilt on the tree caught up, or redone under the repo's row lock.",
+	})
+	// StateRefreshes counts cached trees caught up with another process's
+	// commits (the new nodes read, the unchanged ones kept) instead of
+	// being loaded whole.
+	StateRefreshes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "state_refreshes_total",
+		Help: "Cached repository trees caught up with another node's commits (only the new MST nodes read) instead of loaded whole.",
 	})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -204,7 +213,7 @@ func init() {
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
-		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots,
+		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes,
 		EventLogLastSeq, SequencerLag, SequencerPending, LeaseHeld, LeaseTakeovers,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, limiterCollector, poolCollector,

@@ -94,7 +94,79 @@ END
 $$;
 -- +goose StatementEnd
 
+-- bulwark_commit (migrations/00010) for a writer building on its cached
+-- tree, as several nodes writing one repository do: when the root has
+-- moved it writes nothing and, instead of raising (which would roll back
+-- every other commit of a group), returns what the writer needs to bring
+-- its cache up to the stored root: the root's commit CID, MST root CID and
+-- rev, then the CIDs and then the blocks of the MST nodes written since
+-- p_old_rev (TIDs compare as bytes). NULL means the commit is stored. A
+-- repository that is gone still raises BW001.
+-- +goose StatementBegin
+CREATE FUNCTION bulwark_try_commit(
+    p_did text, p_old bytea, p_commit bytea, p_commit_data bytea, p_data bytea, p_rev text,
+    p_rm_nodes bytea[], p_node_cids bytea[], p_node_data bytea[],
+    p_del_cols text[], p_del_rkeys text[],
+    p_up_cols text[], p_up_rkeys text[], p_up_cids bytea[], p_up_data bytea[],
+    p_ev_kind text, p_ev_rev text, p_ev_body bytea, p_ev_seq_offset integer, p_ev_blocks_len integer, p_ev_ops integer,
+    p_fresh_nodes boolean, p_old_rev text
+) RETURNS bytea[] LANGUAGE plpgsql AS $$
+DECLARE
+    k bytea;
+    moved bytea[];
+BEGIN
+    UPDATE repo_roots
+    SET commit_cid = p_commit, commit_data = p_commit_data, data_cid = p_data, rev = p_rev, updated_at = now()
+    WHERE did = p_did AND commit_cid = p_old;
+    IF NOT FOUND THEN
+        SELECT ARRAY[r.commit_cid, r.data_cid, convert_to(r.rev, 'UTF8')]
+               || coalesce(array_agg(n.cid ORDER BY n.cid) FILTER (WHERE n.cid IS NOT NULL), '{}')
+               || coalesce(array_agg(n.data ORDER BY n.cid) FILTER (WHERE n.cid IS NOT NULL), '{}')
+        INTO moved
+        FROM repo_roots r
+        LEFT JOIN repo_nodes n ON n.did = r.did AND n.rev COLLATE "C" > p_old_rev COLLATE "C"
+        WHERE r.did = p_did
+        GROUP BY r.commit_cid, r.data_cid, r.rev;
+        IF moved IS NULL THEN
+            RAISE EXCEPTION 'repository % is gone', p_did USING ERRCODE = 'BW001';
+        END IF;
+        RETURN moved;
+    END IF;
+
+    FOREACH k IN ARRAY coalesce(p_rm_nodes, '{}') LOOP
+        DELETE FROM repo_nodes WHERE did = p_did AND cid = k;
+    END LOOP;
+
+    IF p_fresh_nodes THEN
+        INSERT INTO repo_nodes (did, cid, rev, data)
+        SELECT p_did, t.cid, p_rev, t.data FROM unnest(p_node_cids, p_node_data) AS t(cid, data);
+    ELSE
+        INSERT INTO repo_nodes (did, cid, rev, data)
+        SELECT p_did, t.cid, p_rev, t.data FROM unnest(p_node_cids, p_node_data) AS t(cid, data)
+        ON CONFLICT (did, cid) DO NOTHING;
+    END IF;
+
+    FOR i IN 1 .. coalesce(cardinality(p_del_cols), 0) LOOP
+        DELETE FROM records WHERE did = p_did AND collection = p_del_cols[i] AND rkey = p_del_rkeys[i];
+    END LOOP;
+
+    IF cardinality(p_up_cols) > 0 THEN
+        INSERT INTO records (did, collection, rkey, cid, rev, data)
+        SELECT p_did, t.collection, t.rkey, t.cid, p_rev, t.data
+        FROM unnest(p_up_cols, p_up_rkeys, p_up_cids, p_up_data) AS t(collection, rkey, cid, data)
+        ON CONFLICT (did, collection, rkey) DO UPDATE
+        SET cid = excluded.cid, rev = excluded.rev, data = excluded.data;
+    END IF;
+
+    INSERT INTO events (did, kind, rev, body, seq_offset, blocks_len, ops_count)
+    VALUES (p_did, p_ev_kind, p_ev_rev, p_ev_body, p_ev_seq_offset, p_ev_blocks_len, p_ev_ops);
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP FUNCTION bulwark_try_commit(text, bytea, bytea, bytea, bytea, text, bytea[], bytea[], bytea[], text[], text[], text[], text[], bytea[], bytea[], text, text, bytea, integer, integer, integer, boolean, text);
 DROP FUNCTION bulwark_sequence(integer, text, bigint);
 DROP TABLE cluster_facts;
 DROP TABLE cluster_nodes;

@@ -38,6 +38,8 @@ var (
 	qGetBlockByCID   = queries.MustGet("GetBlockByCID")
 	qCountRecords    = queries.MustGet("CountRecords")
 	qCommit          = queries.MustGet("Commit")
+	qTryCommit       = queries.MustGet("TryCommit")
+	qNodesSince      = queries.MustGet("NodesSince")
 	qDeleteRepo      = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -103,12 +105,13 @@ type Config struct {
 // moved, and group commit's groups, their commits, and the groups refused
 // whole and stored commit by commit.
 type counters struct {
-	staleRoots, commitGroups, groupedCommits, groupRetries prometheus.Counter
+	staleRoots, refreshes, commitGroups, groupedCommits, groupRetries prometheus.Counter
 }
 
 // serverCounters are the process's metrics.
 var serverCounters = &counters{
 	staleRoots:     metrics.StaleRoots,
+	refreshes:      metrics.StateRefreshes,
 	commitGroups:   metrics.CommitGroups,
 	groupedCommits: metrics.GroupedCommits,
 	groupRetries:   metrics.CommitGroupRetries,
