@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"slices"
@@ -45,9 +46,14 @@ type LeaseConfig struct {
 	TTL time.Duration
 	// Tick is how often held leases are renewed and free or expired ones
 	// tried (default TTL/6). A lease whose holder stopped renewing is taken
-	// over within TTL + Tick.
-	Tick   time.Duration
-	Logger *slog.Logger
+	// over within TTL + Tick; one whose holder's process is gone, within a
+	// Tick.
+	Tick time.Duration
+	// Sessions is the pool of direct connections (no transaction-mode
+	// pooler) on which the holder keeps its presence lock (default: the
+	// leases' pool).
+	Sessions *pgxpool.Pool
+	Logger   *slog.Logger
 }
 
 // Leases runs jobs under leases in Postgres, as one holder (one node).
@@ -59,8 +65,11 @@ type LeaseConfig struct {
 type Leases struct {
 	pool   *pgxpool.Pool
 	holder string
-	cfg    LeaseConfig
-	log    *slog.Logger
+	// key is the holder's presence lock (an advisory lock held on a
+	// session of its own while the process lives).
+	key int64
+	cfg LeaseConfig
+	log *slog.Logger
 
 	mu      sync.Mutex
 	jobs    []*leaseJob
@@ -107,7 +116,16 @@ func NewLeases(pool *pgxpool.Pool, holder string, cfg LeaseConfig) *Leases {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Leases{pool: pool, holder: holder, cfg: cfg, log: cfg.Logger.With("component", "lease", "node", holder)}
+	if cfg.Sessions == nil {
+		cfg.Sessions = pool
+	}
+	h := fnv.New64a()
+	h.Write([]byte("bulwark.node:" + holder))
+	key := int64(h.Sum64())
+	if key == 0 {
+		key = 1
+	}
+	return &Leases{pool: pool, holder: holder, key: key, cfg: cfg, log: cfg.Logger.With("component", "lease", "node", holder)}
 }
 
 // Holder is the holder name these leases are taken as.
@@ -146,6 +164,22 @@ func (l *Leases) Run(ctx context.Context) error {
 			return nil
 		case <-time.After(l.cfg.Tick):
 		}
+	}
+	// The presence lock first (or, if it cannot be had soon, without it:
+	// leases still expire), so that no follower takes a lease of this
+	// holder for a dead one.
+	present := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// It outlives ctx until the leases are released (stop).
+	pctx, stopPresence := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPresence()
+	wg.Go(func() { l.holdPresence(pctx, present) })
+	select {
+	case <-present:
+	case <-time.After(l.cfg.TTL):
+	case <-ctx.Done():
+		return nil
 	}
 	t := time.NewTicker(l.cfg.Tick)
 	defer t.Stop()
@@ -200,7 +234,7 @@ func (l *Leases) tick(ctx context.Context) {
 	}
 	taken := map[string]int64{}
 	if len(want) > 0 {
-		b.Queue(qTakeLeases, l.holder, want, ttl).Query(scanLeases(taken))
+		b.Queue(qTakeLeases, l.holder, want, ttl, l.key).Query(scanLeases(taken))
 	}
 	if b.Len() == 0 {
 		return
@@ -239,6 +273,56 @@ func (l *Leases) tick(ctx context.Context) {
 	for _, j := range l.jobs {
 		if epoch, ok := taken[j.name]; ok {
 			l.start(j, epoch, until)
+		}
+	}
+}
+
+// holdPresence keeps the holder's presence lock on a session of its own
+// until ctx ends, taking it again after a lost connection; ready is
+// closed once it is first held. The session ends with the process, which
+// tells the other holders that this one's leases are free.
+func (l *Leases) holdPresence(ctx context.Context, ready chan<- struct{}) {
+	var once sync.Once
+	for ctx.Err() == nil {
+		err := l.presenceOnce(ctx, func() { once.Do(func() { close(ready) }) })
+		if ctx.Err() != nil {
+			return
+		}
+		l.log.Warn("presence session lost; taking it again", "err", db.Translate(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(l.cfg.Tick):
+		}
+	}
+}
+
+func (l *Leases) presenceOnce(ctx context.Context, held func()) error {
+	conn, err := l.cfg.Sessions.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The lock lives as long as the session: the connection never goes
+	// back to the pool.
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+	if _, err := pc.Exec(ctx, qHoldPresence, l.key); err != nil {
+		return err
+	}
+	held()
+	t := time.NewTicker(l.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+		err := pc.Ping(pctx)
+		cancel()
+		if err != nil {
+			return err
 		}
 	}
 }

@@ -174,3 +174,36 @@ func TestLeaseFrozenHolder(t *testing.T) {
 	require.ErrorIs(t, err, db.ErrFenced)
 	require.NoError(t, Fence(ctx, pool, leaseB))
 }
+
+// TestLeaseTakenFromDeadHolder: when a holder's process is gone (its
+// presence session ended, as a killed process's does), another takes its
+// lease at once, long before the lease would expire.
+func TestLeaseTakenFromDeadHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	var active atomic.Int32
+	var overlap atomic.Bool
+	runA, runB := newHolderRun(&active, &overlap), newHolderRun(&active, &overlap)
+	// An hour: only the presence lock can hand the lease over in time.
+	cfg := LeaseConfig{TTL: time.Hour, Tick: 50 * time.Millisecond}
+	own, err := pgxpool.New(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	a := NewLeases(own, "a", cfg)
+	a.Add("job", runA.job)
+	runLeases(t, a)
+	leaseA := recv(t, runA.started, "a to take the lease")
+	b := NewLeases(pool, "b", cfg)
+	b.Add("job", runB.job)
+	runLeases(t, b)
+
+	// a's sessions die, as they would with its process.
+	own.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		  AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, a.key).Scan(&n))
+	require.Equal(t, 1, n, "no presence session of a")
+	leaseB := recv(t, runB.started, "b to take the lease of a holder whose process is gone")
+	require.Greater(t, leaseB.Epoch, leaseA.Epoch)
+}

@@ -27,6 +27,7 @@ var (
 	qEnsureLeases  = queries.MustGet("EnsureLeases")
 	qRenewLeases   = queries.MustGet("RenewLeases")
 	qTakeLeases    = queries.MustGet("TakeLeases")
+	qHoldPresence  = queries.MustGet("HoldPresence")
 	qReleaseLeases = queries.MustGet("ReleaseLeases")
 	qLeaseHolders  = queries.MustGet("LeaseHolders")
 	qFenceLease    = queries.MustGet("FenceLease")

@@ -101,8 +101,10 @@ func TestJoinPermanentFact(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// TestClockIDKeptWhileAway: the id a node leaves behind (stopped, or
-// unseen) is the last to be claimed again: every other goes first.
+// TestClockIDKeptWhileAway: a joining node claims the id seen longest
+// ago; the id of a node that stopped comes back only when no other is
+// free, and that of a node unseen for less than a minute (frozen, cut
+// off) never does.
 func TestClockIDKeptWhileAway(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -113,18 +115,20 @@ func TestClockIDKeptWhileAway(t *testing.T) {
 	require.NoError(t, err)
 	b, err := Join(ctx, pool, NodeConfig{ID: "b", Facts: secretFacts("jwt", "s3")})
 	require.NoError(t, err)
-	require.NotEqual(t, a.ClockID(), b.ClockID())
+	require.NotEqual(t, a.ClockID(), b.ClockID(), "b took the id a stopped with although others were never used")
 
-	// All ids but a's were seen long ago; a's is taken last.
-	_, err = pool.Exec(ctx, `UPDATE cluster_nodes SET seen_at = now() - interval '1 hour', stopped_at = now() WHERE node <> 'a'`)
+	// Every other id is in use: a's, stopped, is the one left.
+	_, err = pool.Exec(ctx, `UPDATE cluster_nodes SET node = 'other' || clock_id, seen_at = now(), stopped_at = NULL WHERE node <> 'a'`)
 	require.NoError(t, err)
-	for i := range 1023 {
-		n, err := Join(ctx, pool, NodeConfig{ID: fmt.Sprintf("n%d", i), Facts: secretFacts("jwt", "s3")})
-		require.NoError(t, err)
-		require.NotEqual(t, a.ClockID(), n.ClockID(), "join %d took the id of a node gone for seconds", i)
-		_, err = pool.Exec(ctx, `UPDATE cluster_nodes SET stopped_at = now() WHERE node = $1`, n.cfg.ID)
-		require.NoError(t, err)
-	}
+	c, err := Join(ctx, pool, NodeConfig{ID: "c", Facts: secretFacts("jwt", "s3")})
+	require.NoError(t, err)
+	require.Equal(t, a.ClockID(), c.ClockID())
+
+	// A node frozen for 30 s keeps its id: none is left.
+	_, err = pool.Exec(ctx, `UPDATE cluster_nodes SET seen_at = now() - interval '30 seconds' WHERE node = 'c'`)
+	require.NoError(t, err)
+	_, err = Join(ctx, pool, NodeConfig{ID: "d", Facts: secretFacts("jwt", "s3")})
+	require.ErrorIs(t, err, ErrNoClockID)
 }
 
 // TestNodeReclaimsLostClockID: a node whose id was given to another after

@@ -14,13 +14,26 @@ RETURNING l.name, l.epoch;
 
 -- name: TakeLeases
 -- Takes the leases among $2 whose holder has not renewed in time (or
--- released them). A plain UPDATE locks only the rows it takes, so trying
--- costs a lease's holder nothing.
-UPDATE cluster_leases
-SET holder = $1, epoch = epoch + 1, acquired_at = clock_timestamp(),
+-- released them), or whose holder's process is gone: no session holds its
+-- presence lock (holder_key, an advisory lock: pg_locks shows a bigint
+-- key as its high and low 32 bits). A plain UPDATE locks only the rows it
+-- takes, so trying costs a lease's holder nothing.
+UPDATE cluster_leases l
+SET holder = $1, holder_key = $4, epoch = l.epoch + 1, acquired_at = clock_timestamp(),
     expires_at = clock_timestamp() + make_interval(secs => $3)
-WHERE name = ANY($2::text[]) AND expires_at < clock_timestamp()
-RETURNING name, epoch;
+WHERE l.name = ANY($2::text[])
+  AND (l.expires_at < clock_timestamp()
+       OR (l.holder_key <> 0 AND l.holder <> $1 AND NOT EXISTS (
+           SELECT 1 FROM pg_locks k
+           WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+             AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND k.classid = ((l.holder_key >> 32) & 4294967295)::oid
+             AND k.objid = (l.holder_key & 4294967295)::oid)))
+RETURNING l.name, l.epoch;
+
+-- name: HoldPresence
+-- Held by a holder's own session for as long as its process lives.
+SELECT pg_advisory_lock($1);
 
 -- name: ReleaseLeases
 -- Ends leases at once, for a holder that stops: another node takes them at
@@ -45,7 +58,10 @@ SELECT pg_advisory_xact_lock(hashtextextended('bulwark.cluster.join', 0));
 -- name: SeedNodes
 -- One row per clock id (a restored backup has none: which nodes ran is
 -- not part of it).
-INSERT INTO cluster_nodes (clock_id) SELECT generate_series(0, 1023) ON CONFLICT (clock_id) DO NOTHING;
+INSERT INTO cluster_nodes (clock_id)
+SELECT g FROM generate_series(0, 1023) g
+WHERE (SELECT count(*) FROM cluster_nodes) < 1024
+ON CONFLICT (clock_id) DO NOTHING;
 
 -- name: LiveNodes
 -- Nodes seen within $1 seconds that have not stopped.

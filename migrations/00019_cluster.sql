@@ -4,13 +4,17 @@
 -- retention, blob collection, the relay watch, ...). The holder renews
 -- expires_at every tick; any node takes over a lease whose expiry has
 -- passed, raising its epoch. Expiry is compared with the database's clock,
--- so the nodes' clocks do not matter. A job that publishes (the sequencer)
+-- so the nodes' clocks do not matter. holder_key is the advisory lock the
+-- holder's process keeps on a session of its own while it lives: once that
+-- session is gone (the process was killed, its host went down), the lease
+-- is taken over at once instead of at its expiry. A job that publishes (the sequencer)
 -- checks, in its own transaction, that the epoch is still the one it took
 -- (bulwark_sequence below): a holder that was frozen or cut off and then
 -- comes back cannot publish once another node has taken over.
 CREATE TABLE cluster_leases (
     name        text        PRIMARY KEY,
     holder      text        NOT NULL DEFAULT '',
+    holder_key  bigint      NOT NULL DEFAULT 0,
     epoch       bigint      NOT NULL DEFAULT 0,
     expires_at  timestamptz NOT NULL DEFAULT '-infinity',
     acquired_at timestamptz

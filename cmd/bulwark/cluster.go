@@ -46,7 +46,7 @@ func joinCluster(ctx context.Context, cfg *config.Config, d *database, logger *s
 	}
 	id := cluster.NewNodeID()
 	r := &clusterRole{
-		leases:   cluster.NewLeases(d.Pool, id, cluster.LeaseConfig{TTL: cfg.LeaseTimeout, Logger: logger}),
+		leases:   cluster.NewLeases(d.Pool, id, cluster.LeaseConfig{TTL: cfg.LeaseTimeout, Sessions: d.Sessions, Logger: logger}),
 		sessions: d.Sessions,
 	}
 	r.node, err = cluster.Join(ctx, d.Pool, cluster.NodeConfig{
