@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -112,6 +114,13 @@ func connectionLost(err error) bool {
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed) {
 		return true
+	}
+	// A batch's results report a connection that broke as the bare read
+	// or write error.
+	for _, e := range []error{io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE} {
+		if errors.Is(err, e) {
+			return true
+		}
 	}
 	// pgconn's network errors (failed to write, failed to receive, ...)
 	// say whether a retry is safe; nothing else in the code does.

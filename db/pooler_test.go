@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db"
@@ -135,6 +139,23 @@ func TestTranslateUnavailable(t *testing.T) {
 	_, err = conn.Exec(ctx, "SELECT 1")
 	require.ErrorIs(t, db.Translate(err), db.ErrUnavailable, "%v", err)
 
+	// A pipeline (a group of commits) whose connection is cut without a
+	// word from the server (a host gone, a network cut): the bare read
+	// error comes back.
+	proxied, cut := cuttableProxy(t, pool.Config().ConnString())
+	ppool, err := db.Open(ctx, proxied, quiet)
+	require.NoError(t, err)
+	defer ppool.Close()
+	bconn, err := ppool.Acquire(ctx)
+	require.NoError(t, err)
+	defer bconn.Release()
+	cut()
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1")
+	b.Queue("SELECT 2")
+	err = bconn.SendBatch(ctx, b).Close()
+	require.ErrorIs(t, db.Translate(err), db.ErrUnavailable, "%v", err)
+
 	_, err = db.Open(ctx, "postgres://u@127.0.0.1:1/d?connect_timeout=2", quiet)
 	require.ErrorIs(t, db.Translate(err), db.ErrUnavailable, "%v", err)
 
@@ -142,4 +163,45 @@ func TestTranslateUnavailable(t *testing.T) {
 	cancel()
 	_, err = pool.Exec(cctx, "SELECT 1")
 	require.False(t, errors.Is(db.Translate(err), db.ErrUnavailable), "%v", err)
+}
+
+// cuttableProxy forwards TCP connections to the Unix socket of the
+// database at dsn, and returns a URL through it and a function that cuts
+// every connection (closing the sockets, as a vanished host would).
+func cuttableProxy(t *testing.T, dsn string) (string, func()) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	require.NoError(t, err)
+	sock := fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", sock)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() { _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	url := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cfg.User, ln.Addr(), cfg.Database)
+	return url, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}
 }

@@ -226,6 +226,18 @@ func (c *cluster) setupPostgres(ctx context.Context) error {
 	if out, err := base.CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_basebackup: %w: %s", err, out)
 	}
+	// The name the primary's synchronous_standby_names waits for.
+	auto, err := os.OpenFile(filepath.Join(c.standby.dir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(auto, "primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=standby1'\n", c.primary.port)
+	if cerr := auto.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
 	if err := c.startPostgres(c.standby, false); err != nil {
 		return err
 	}
@@ -294,7 +306,8 @@ func (c *cluster) startWeed(ctx context.Context) error {
 		"-master.port="+strconv.Itoa(c.port(portWeedMaster)), "-master.port.grpc="+strconv.Itoa(c.port(portWeedMaster)+10),
 		"-volume.port="+strconv.Itoa(c.port(portWeedVolume)), "-volume.port.grpc="+strconv.Itoa(c.port(portWeedVolume)+10),
 		"-filer", "-filer.port="+strconv.Itoa(c.port(portWeedFiler)), "-filer.port.grpc="+strconv.Itoa(c.port(portWeedFiler)+10),
-		"-s3", "-s3.port="+strconv.Itoa(c.port(portS3)), "-s3.config="+cfgPath,
+		"-s3", "-s3.port="+strconv.Itoa(c.port(portS3)), "-s3.port.grpc="+strconv.Itoa(c.port(portS3)+10), "-s3.config="+cfgPath,
+		"-s3.port.iceberg=0", "-s3.port.lance=0",
 		"-volume.max=8", "-master.volumeSizeLimitMB=64")
 	if err != nil {
 		return err

@@ -165,7 +165,10 @@ func (c *client) createPost(ctx context.Context, a *account, text string, log *a
 	err := c.call(ctx, http.MethodPost, "com.atproto.repo.createRecord", a.token, nil,
 		map[string]any{"repo": a.did, "collection": "app.bsky.feed.post", "record": rec}, &out)
 	if err != nil {
-		log.fail(err)
+		if ctx.Err() == nil {
+			// Not a write the run stopped waiting for.
+			log.fail(err)
+		}
 		return err
 	}
 	path := strings.TrimPrefix(out.URI, "at://"+a.did+"/")

@@ -102,8 +102,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer c.teardown()
 	if err := c.test(ctx); err != nil {
 		fmt.Fprintln(stderr, "bulwark-cluster: FAILED:", err)
-		fmt.Fprintln(stderr, "logs are in", c.work)
-		c.o.keep = true
+		for _, p := range c.procs {
+			fmt.Fprintf(stderr, "--- %s (%s, tail) ---\n%s\n", p.name, p.log, p.tail())
+		}
 		return 1
 	}
 	fmt.Fprintln(stdout, "bulwark-cluster: every check passed")
@@ -134,6 +135,11 @@ func newCluster(o options, out io.Writer) (*cluster, error) {
 		return nil, fmt.Errorf("postgres binaries: %w", err)
 	}
 	if o.pgBin == "" {
+		// initdb may be a link into the server's directory, which holds
+		// pg_basebackup too.
+		if real, err := filepath.EvalSymlinks(c.pgBin); err == nil {
+			c.pgBin = real
+		}
 		c.pgBin = filepath.Dir(c.pgBin)
 	}
 	if c.haproxyBin, err = findBinary(o.haproxyBin, []string{"haproxy"}, "/usr/sbin"); err != nil {

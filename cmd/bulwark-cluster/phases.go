@@ -146,6 +146,8 @@ func (c *cluster) throughput(ctx context.Context, lb *client, direct []*client, 
 		{"round robin over three nodes (HAProxy)", func(int) *client { return lb }},
 		{"each account on one node of three", func(i int) *client { return direct[i%len(direct)] }},
 		{"one node, again", func(int) *client { return direct[0] }},
+		{"round robin, again", func(int) *client { return lb }},
+		{"each account on one node, again", func(i int) *client { return direct[i%len(direct)] }},
 	}
 	for _, r := range runs {
 		clients := make([]*client, c.o.clients)
@@ -203,7 +205,9 @@ func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, pr
 	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 5*time.Second), accts, 0, log) }()
 	pr := &probe{}
 	other := c.other(victim)
-	go pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
+	probed := make(chan struct{})
+	go func() { defer close(probed); pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log) }()
+	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	killed := time.Now()
 	c.logf("kill -9 %s (the sequencer's leader)", victim.name)
@@ -216,6 +220,7 @@ func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, pr
 	time.Sleep(2 * time.Second)
 	stop()
 	<-done
+	<-probed
 	c.stallFigure("kill -9 of the leader", pr, streams, victim, killed)
 	return nil
 }
@@ -235,7 +240,9 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 3*time.Second), accts, 0, log) }()
 	pr := &probe{}
 	other := c.other(victim)
-	go pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
+	probed := make(chan struct{})
+	go func() { defer close(probed); pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log) }()
+	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	c.logf("SIGSTOP %s (the sequencer's leader) for %s", victim.name, c.o.freeze)
 	frozen := time.Now()
@@ -250,6 +257,7 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 	time.Sleep(3 * time.Second)
 	stop()
 	<-done
+	<-probed
 	worst := c.stallFigure(fmt.Sprintf("leader frozen for %s", c.o.freeze), pr, streams, victim, frozen)
 	if worst > leaseBound {
 		c.fail("a frozen leader stalled another node's firehose for %s, over the %s bound", worst.Round(10*time.Millisecond), leaseBound)
@@ -265,7 +273,9 @@ func (c *cluster) failoverPhase(ctx context.Context, lb *client, accts []*accoun
 	done := make(chan struct{})
 	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 5*time.Second), accts, 0, log) }()
 	pr := &probe{}
-	go pr.run(wctx, newClient(c.nodes[0].url(), 5*time.Second), probeAcct, 50*time.Millisecond, log)
+	probed := make(chan struct{})
+	go func() { defer close(probed); pr.run(wctx, newClient(c.nodes[0].url(), 5*time.Second), probeAcct, 50*time.Millisecond, log) }()
+	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	c.logf("stopping the primary, promoting the standby")
 	stopped, promoted, err := c.failover(ctx)
@@ -276,6 +286,7 @@ func (c *cluster) failoverPhase(ctx context.Context, lb *client, accts []*accoun
 	time.Sleep(6 * time.Second)
 	stop()
 	<-done
+	<-probed
 	var first time.Time
 	_, acked := pr.ackTimes()
 	for _, at := range acked {
