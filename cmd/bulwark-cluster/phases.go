@@ -206,7 +206,10 @@ func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, pr
 	pr := &probe{}
 	other := c.other(victim)
 	probed := make(chan struct{})
-	go func() { defer close(probed); pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log) }()
+	go func() {
+		defer close(probed)
+		pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
+	}()
 	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	killed := time.Now()
@@ -241,7 +244,10 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 	pr := &probe{}
 	other := c.other(victim)
 	probed := make(chan struct{})
-	go func() { defer close(probed); pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log) }()
+	go func() {
+		defer close(probed)
+		pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
+	}()
 	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	c.logf("SIGSTOP %s (the sequencer's leader) for %s", victim.name, c.o.freeze)
@@ -274,7 +280,10 @@ func (c *cluster) failoverPhase(ctx context.Context, lb *client, accts []*accoun
 	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 5*time.Second), accts, 0, log) }()
 	pr := &probe{}
 	probed := make(chan struct{})
-	go func() { defer close(probed); pr.run(wctx, newClient(c.nodes[0].url(), 5*time.Second), probeAcct, 50*time.Millisecond, log) }()
+	go func() {
+		defer close(probed)
+		pr.run(wctx, newClient(c.nodes[0].url(), 5*time.Second), probeAcct, 50*time.Millisecond, log)
+	}()
 	defer func() { <-probed }()
 	time.Sleep(2 * time.Second)
 	c.logf("stopping the primary, promoting the standby")
