@@ -51,10 +51,12 @@ WITH RECURSIVE c AS (
 SELECT collection FROM c WHERE collection IS NOT NULL;
 
 -- name: ExportNodes
-SELECT cid, data FROM repo_nodes WHERE did = $1 AND ($2 = '' OR rev > $2);
+-- In key order, so that every node (and every plan) writes the same bytes
+-- for the same commit: a bitmap scan would return heap order.
+SELECT cid, data FROM repo_nodes WHERE did = $1 AND ($2 = '' OR rev > $2) ORDER BY cid;
 
 -- name: ExportRecords
-SELECT cid, data FROM records WHERE did = $1 AND ($2 = '' OR rev > $2);
+SELECT cid, data FROM records WHERE did = $1 AND ($2 = '' OR rev > $2) ORDER BY collection, rkey;
 
 -- name: GetBlockByCID
 (SELECT data FROM repo_nodes WHERE did = $1 AND cid = $2)
