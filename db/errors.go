@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -115,17 +113,29 @@ func connectionLost(err error) bool {
 	if errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed) {
 		return true
 	}
-	// A batch's results report a connection that broke as the bare read
-	// or write error.
-	for _, e := range []error{io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
 	// pgconn's network errors (failed to write, failed to receive, ...)
 	// say whether a retry is safe; nothing else in the code does.
 	var netErr interface{ SafeToRetry() bool }
 	return errors.As(err, &netErr)
+}
+
+// TranslateCall is Translate for an error that a database call itself
+// returned (not one from anywhere in a handler): a pipeline's results
+// report a connection that broke as the bare read or write error
+// (io.ErrUnexpectedEOF, a reset), which from a database call can only
+// mean that the connection is gone, so it becomes ErrUnavailable too. The
+// caller's own context ending stays what it is.
+func TranslateCall(err error) error {
+	err = Translate(err)
+	if err == nil || FromServer(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	for _, sentinel := range translated {
+		if errors.Is(err, sentinel) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // ConstraintName is the name of the constraint a translated ErrConflict

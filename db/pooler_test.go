@@ -154,7 +154,10 @@ func TestTranslateUnavailable(t *testing.T) {
 	b.Queue("SELECT 1")
 	b.Queue("SELECT 2")
 	err = bconn.SendBatch(ctx, b).Close()
-	require.ErrorIs(t, db.Translate(err), db.ErrUnavailable, "%v", err)
+	require.ErrorIs(t, db.TranslateCall(err), db.ErrUnavailable, "%v", err)
+	// The same bare error from anywhere else (a handler's own read) is
+	// not taken for the database's.
+	require.False(t, errors.Is(db.Translate(io.ErrUnexpectedEOF), db.ErrUnavailable))
 
 	_, err = db.Open(ctx, "postgres://u@127.0.0.1:1/d?connect_timeout=2", quiet)
 	require.ErrorIs(t, db.Translate(err), db.ErrUnavailable, "%v", err)

@@ -220,7 +220,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	begin.Queue(qLockRoot, did.String()).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&commitRaw, &dataRaw, &oldRev)
 	})
-	err := db.Translate(conn.SendBatch(ctx, begin).Close())
+	err := db.TranslateCall(conn.SendBatch(ctx, begin).Close())
 	if errors.Is(err, db.ErrNotFound) {
 		return nil, nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
 	}
@@ -264,7 +264,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	queue(b, nil, p.params)
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
+		return nil, nil, fmt.Errorf("storing commit: %w", db.TranslateCall(err))
 	}
 	p.finish()
 	return p.res, st, nil

@@ -222,6 +222,7 @@ func send(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) error {
 	err := conn.SendBatch(ctx, b).Close()
 	if err != nil && !db.FromServer(err) {
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return db.TranslateCall(err)
 	}
 	return err
 }
