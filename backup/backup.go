@@ -102,7 +102,10 @@ func create(ctx context.Context, src Source, s sink) (*Manifest, error) {
 		return nil, err
 	}
 	logger.Info("dumping the database", "pg_dump", tool.path, "server_major", major)
-	if err := runTool(ctx, tool, src.DatabaseURL, "--format=custom", "--no-password", "--file="+s.dumpPath()); err != nil {
+	// Which nodes run and which holds each lease is state of the running
+	// cluster, not data: a restored database starts with none.
+	if err := runTool(ctx, tool, src.DatabaseURL, "--format=custom", "--no-password", "--file="+s.dumpPath(),
+		"--exclude-table-data=cluster_nodes", "--exclude-table-data=cluster_leases"); err != nil {
 		return nil, err
 	}
 	sum, n, err := s.dumpDone()

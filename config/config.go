@@ -11,6 +11,7 @@ import (
 
 	"github.com/bulwark-pds/bulwark/alert"
 	"github.com/bulwark-pds/bulwark/budget"
+	"github.com/bulwark-pds/bulwark/cluster"
 	"github.com/bulwark-pds/bulwark/plc"
 	"github.com/bulwark-pds/bulwark/ratelimit"
 	"github.com/bulwark-pds/bulwark/relaywatch"
@@ -104,6 +105,18 @@ type Config struct {
 	// DatabaseURL points at an external Postgres. Empty means Bulwark runs
 	// its own cluster under DataDir/postgres.
 	DatabaseURL string
+	// DatabaseDirectURL reaches the same database without a connection
+	// pooler, for the work that needs one session across transactions
+	// (LISTEN, the migration lock, an import's staging tables), when
+	// DatabaseURL goes through a pooler in transaction mode. Empty: the
+	// server checks that DatabaseURL keeps sessions, and refuses to start
+	// when it does not.
+	DatabaseDirectURL string
+	// LeaseTimeout is how long a node's lease on a singleton job (the
+	// firehose sequencer, retention, blob collection, the relay watch)
+	// lasts without a renewal: a node that freezes or is cut off is
+	// replaced within LeaseTimeout plus a sixth of it.
+	LeaseTimeout time.Duration
 	// AdminPassword is the HTTP Basic password (user "admin") for admin
 	// methods. Empty means generated into the data dir by EnsureSecrets.
 	AdminPassword string
@@ -129,6 +142,10 @@ type Config struct {
 	HandleDomains []string
 	// BlobDir stores blobs on disk. Default: DataDir/blobs.
 	BlobDir string
+	// BlobDirShared declares BlobDir a directory every node mounts at the
+	// same path (a network file system): without it, a node with blobs on
+	// disk refuses to run beside another on the same database.
+	BlobDirShared bool
 	// BlobMaxBytes is the largest blob uploadBlob accepts, in bytes.
 	BlobMaxBytes int64
 	// BlobTempTTL is how long an uploaded blob no record refers to is
@@ -416,6 +433,7 @@ func DefaultConfig() *Config {
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,
 		BlobTempTTL:            DefaultBlobTempTTL,
+		LeaseTimeout:           cluster.DefaultLeaseTTL,
 		LogLevel:               slog.LevelInfo,
 		LogFormat:              DefaultLogFormat,
 		ListMaxBytes:           DefaultListMaxBytes,

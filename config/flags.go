@@ -30,12 +30,15 @@ func (c *Config) settings() []setting {
 		{"hostname", "public host name (default localhost:<listen port>); service DID is did:web:<hostname>; host:port, localhost, *.test and private addresses are served over http (local use)", (*stringValue)(&c.Hostname)},
 		{"data-dir", "directory for the managed Postgres, blobs and generated secrets", (*stringValue)(&c.DataDir)},
 		{"database-url", "external Postgres URL; unset = run a managed Postgres under <data-dir>/postgres", (*databaseURLValue)(&c.DatabaseURL)},
+		{"database-direct-url", "the same database without a transaction-mode pooler (PgBouncer), for LISTEN, migrations and imports; needed when --database-url goes through one", (*databaseURLValue)(&c.DatabaseDirectURL)},
+		{"lease-timeout", "how long a node's lease on a singleton job (sequencer, retention, blob collection, relay watch) lasts unrenewed; a frozen node is replaced within this plus a sixth", (*durationValue)(&c.LeaseTimeout)},
 		{"admin-password", "HTTP Basic password (user admin) for admin methods; unset = generated into <data-dir>/secrets", (*secretValue)(&c.AdminPassword)},
 		{"jwt-secret", "session token signing key (at least 32 bytes); unset = generated", (*secretValue)(&c.JWTSecret)},
 		{"plc-url", "PLC directory URL (default: a development PLC in this server for a local host name, else https://plc.directory)", (*stringValue)(&c.PLCURL)},
 		{"plc-rotation-key", "PDS PLC rotation key (K-256 private key, hex or multibase); unset = generated", (*secretValue)(&c.PLCRotationKey)},
 		{"handle-domains", "comma-separated handle suffixes users may register, like .example.com (default .<hostname>)", (*listValue)(&c.HandleDomains)},
 		{"blob-dir", "blob storage directory (default <data-dir>/blobs)", (*stringValue)(&c.BlobDir)},
+		{"blob-dir-shared", "--blob-dir is a shared file system every node mounts at the same path (else a second node on the database refuses to start)", (*boolValue)(&c.BlobDirShared)},
 		{"blob-max-bytes", "largest blob upload, like 100MiB", (*byteSize)(&c.BlobMaxBytes)},
 		{"blob-temp-ttl", "how long an uploaded blob no record refers to is kept", (*durationValue)(&c.BlobTempTTL)},
 		{"blob-s3-bucket", "keep blobs in this S3-compatible bucket instead of --blob-dir", (*stringValue)(&c.BlobS3Bucket)},
@@ -176,6 +179,7 @@ func (c *Config) Redacted() *Config {
 		}
 	}
 	r.DatabaseURL = RedactDatabaseURL(r.DatabaseURL)
+	r.DatabaseDirectURL = RedactDatabaseURL(r.DatabaseDirectURL)
 	r.SMTPURL = RedactSMTPURL(r.SMTPURL)
 	return &r
 }

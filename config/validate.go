@@ -65,6 +65,17 @@ func (c *Config) validateServer() error {
 			return settingError("database-url", "%v", err)
 		}
 	}
+	if c.DatabaseDirectURL != "" {
+		if c.DatabaseURL == "" {
+			return settingError("database-direct-url", "needs --database-url: the managed Postgres is reached directly")
+		}
+		if _, err := pgconn.ParseConfig(c.DatabaseDirectURL); err != nil {
+			return settingError("database-direct-url", "%v", err)
+		}
+	}
+	if c.LeaseTimeout < time.Second || c.LeaseTimeout > time.Minute {
+		return settingError("lease-timeout", "must be between 1s and 1m (got %s)", c.LeaseTimeout)
+	}
 	if c.AdminPassword != "" {
 		if err := checkAdminPassword(c.AdminPassword); err != nil {
 			return settingError("admin-password", "%v", err)

@@ -1,6 +1,7 @@
 package db
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -31,11 +32,22 @@ var (
 	// was built on (SQLSTATE BW001, raised by bulwark_commit): another
 	// writer moved it first, and nothing of the write was stored.
 	ErrRootMoved = errors.New("db: repository root moved")
+	// ErrFenced means a lease holder's write was refused because another
+	// node has taken the lease over since (SQLSTATE BW003, raised by
+	// bulwark_sequence): nothing was written.
+	ErrFenced = errors.New("db: lease taken over by another node")
+	// ErrUnavailable means the database could not be reached or went away
+	// in the middle of a statement: the connection failed, the server is
+	// shutting down or refusing connections (a failover), or the server
+	// reached is a read-only standby. Whether a transaction cut off this
+	// way committed is unknown to the caller, but it committed whole or
+	// not at all; a retry after a moment reaches the new primary.
+	ErrUnavailable = errors.New("db: database unavailable")
 )
 
 // translated are the errors Translate returns wrapped; an error that
 // already wraps one of them has been translated.
-var translated = []error{ErrNotFound, ErrConflict, ErrSerialization, ErrInvalidText, ErrSessionRefused, ErrRootMoved}
+var translated = []error{ErrNotFound, ErrConflict, ErrSerialization, ErrInvalidText, ErrSessionRefused, ErrRootMoved, ErrFenced, ErrUnavailable}
 
 // sqlStates maps the SQLSTATE codes Translate understands to their domain
 // error.
@@ -47,13 +59,24 @@ var sqlStates = map[string]error{
 	"22P05": ErrInvalidText,    // untranslatable_character (\u0000 in jsonb)
 	"BW002": ErrSessionRefused, // raised by bulwark_refuse_session
 	"BW001": ErrRootMoved,      // raised by bulwark_commit
+	"BW003": ErrFenced,         // raised by bulwark_sequence
+	"25006": ErrUnavailable,    // read_only_sql_transaction: a standby (before or after a failover)
+	"57P01": ErrUnavailable,    // admin_shutdown: the server is stopping
+	"25P03": ErrUnavailable,    // idle_in_transaction_session_timeout: the session was ended
+	"57P02": ErrUnavailable,    // crash_shutdown
+	"57P03": ErrUnavailable,    // cannot_connect_now: starting up, or in recovery
+	"08000": ErrUnavailable,    // connection_exception
+	"08003": ErrUnavailable,    // connection_does_not_exist
+	"08006": ErrUnavailable,    // connection_failure
+	"08001": ErrUnavailable,    // sqlclient_unable_to_establish_sqlconnection
+	"08004": ErrUnavailable,    // sqlserver_rejected_establishment_of_sqlconnection
 }
 
 // Translate wraps err so that errors.Is(err, ErrNotFound / ErrConflict /
-// ErrSerialization / ErrInvalidText / ErrSessionRefused / ErrRootMoved) works while the
-// driver error stays reachable (for its detail and constraint name). nil
-// stays nil; other errors come back unchanged, as do errors Translate has
-// already wrapped.
+// ErrSerialization / ErrInvalidText / ErrSessionRefused / ErrRootMoved /
+// ErrFenced / ErrUnavailable) works while the driver error stays reachable
+// (for its detail and constraint name). nil stays nil; other errors come
+// back unchanged, as do errors Translate has already wrapped.
 func Translate(err error) error {
 	if err == nil {
 		return nil
@@ -71,8 +94,48 @@ func Translate(err error) error {
 		if sentinel, ok := sqlStates[pgErr.Code]; ok {
 			return fmt.Errorf("%w: %w", sentinel, err)
 		}
+		return err
+	}
+	if connectionLost(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+// connectionLost reports whether err is the driver's report of a
+// connection that could not be made or broke (as opposed to the caller's
+// context ending, or an answer from the server).
+func connectionLost(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || errors.Is(err, pgconn.ErrConnClosed) {
+		return true
+	}
+	// pgconn's network errors (failed to write, failed to receive, ...)
+	// say whether a retry is safe; nothing else in the code does.
+	var netErr interface{ SafeToRetry() bool }
+	return errors.As(err, &netErr)
+}
+
+// TranslateCall is Translate for an error that a database call itself
+// returned (not one from anywhere in a handler): a pipeline's results
+// report a connection that broke as the bare read or write error
+// (io.ErrUnexpectedEOF, a reset), which from a database call can only
+// mean that the connection is gone, so it becomes ErrUnavailable too. The
+// caller's own context ending stays what it is.
+func TranslateCall(err error) error {
+	err = Translate(err)
+	if err == nil || FromServer(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	for _, sentinel := range translated {
+		if errors.Is(err, sentinel) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // ConstraintName is the name of the constraint a translated ErrConflict

@@ -74,6 +74,10 @@ type Config struct {
 	// SendTimeout bounds connecting and each SMTP command (default
 	// DefaultSendTimeout).
 	SendTimeout time.Duration
+	// Sessions, when set, is a pool reaching Postgres directly (not
+	// through a transaction-mode pooler), for the worker's LISTEN
+	// session. Default: the Mailer's pool.
+	Sessions *pgxpool.Pool
 	// Lease is how long a claimed mail is left to the node sending it
 	// before another may try (default twice SendTimeout times BatchSize,
 	// at least a minute).
@@ -356,7 +360,11 @@ func (m *Mailer) listen(ctx context.Context) {
 }
 
 func (m *Mailer) listenOnce(ctx context.Context) error {
-	conn, err := m.pool.Acquire(ctx)
+	sessions := m.cfg.Sessions
+	if sessions == nil {
+		sessions = m.pool
+	}
+	conn, err := sessions.Acquire(ctx)
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,6 @@ var (
 	qOldestSeq          = queries.MustGet("OldestSeq")
 	qPruneEvents        = queries.MustGet("PruneEvents")
 	qListenSequenced    = queries.MustGet("ListenSequenced")
-	qTryLeadership      = queries.MustGet("TryLeadership")
 	qCountUnsequenced   = queries.MustGet("CountUnsequenced")
 )
 
@@ -51,11 +50,24 @@ func Append(ctx context.Context, q db.DBTX, ev *Encoded) error {
 // Log reads the event log.
 type Log struct {
 	pool *pgxpool.Pool
+	// sessions holds WatchSequenced's LISTEN session (pool unless
+	// UseSessions says otherwise).
+	sessions *pgxpool.Pool
 }
 
 // NewLog returns a reader of the event log in pool's database.
 func NewLog(pool *pgxpool.Pool) *Log {
-	return &Log{pool: pool}
+	return &Log{pool: pool, sessions: pool}
+}
+
+// UseSessions makes WatchSequenced listen on a connection of sessions, a
+// pool that reaches Postgres directly, for a log whose pool goes through
+// a transaction-mode pooler (a LISTEN there would be lost with the
+// transaction's server connection).
+func (l *Log) UseSessions(sessions *pgxpool.Pool) {
+	if sessions != nil {
+		l.sessions = sessions
+	}
 }
 
 // After returns up to limit sequenced, valid events with seq > after, in seq
@@ -144,7 +156,7 @@ func (l *Log) OldestSeq(ctx context.Context) (int64, error) {
 // holds a connection of its own (a LISTEN needs one session for good) until
 // ctx ends or the connection fails, and returns why.
 func (l *Log) WatchSequenced(ctx context.Context, notify func()) error {
-	conn, err := l.pool.Acquire(ctx)
+	conn, err := l.sessions.Acquire(ctx)
 	if err != nil {
 		return err
 	}

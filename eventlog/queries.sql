@@ -6,8 +6,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7);
 SELECT last_seq FROM sequencer_state WHERE id = 1 FOR UPDATE;
 
 -- name: SequenceBatch
--- One round trip: see bulwark_sequence in migrations/00007.
-SELECT numbered, last_seq FROM bulwark_sequence($1);
+-- One round trip: see bulwark_sequence in migrations/00019 (fenced by the
+-- lease $2 at epoch $3; unfenced when they are NULL).
+SELECT numbered, last_seq FROM bulwark_sequence($1::integer, $2::text, $3::bigint);
 
 -- name: RaiseLastSeq
 UPDATE sequencer_state SET last_seq = greatest(last_seq, $1) WHERE id = 1 RETURNING last_seq;
@@ -37,8 +38,6 @@ WHERE seq IS NOT NULL AND created_at >= $1
 ORDER BY seq
 LIMIT 1;
 
--- name: TryLeadership
-SELECT pg_try_advisory_lock($1);
 -- name: EventsAfterBounded
 -- Like EventsAfter, but stops after the event that brings the bodies read
 -- to $3 bytes (always at least one event). octet_length of a TOASTed bytea

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bulwark-pds/bulwark/cluster"
 	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/metrics"
 )
@@ -19,10 +20,6 @@ import (
 // announces each batch (payload: the new last seq), so that processes other
 // than the leader can wake their subscribers.
 const NotifyChannel = "bulwark_sequenced"
-
-// sequencerLockKey is the advisory-lock key electing one sequencer per
-// database ("bulwseq" in ASCII).
-const sequencerLockKey int64 = 0x62756c7773657100
 
 // DefaultGather is SequencerConfig.Gather's default.
 const DefaultGather = 50 * time.Millisecond
@@ -36,8 +33,13 @@ type SequencerConfig struct {
 	// writers call Wake and are sequenced at once. Writers do not NOTIFY:
 	// NOTIFY takes a database-wide lock at commit and would serialise them.
 	PollInterval time.Duration
-	// LeaderRetry is how often a follower tries to become leader (default 1s).
+	// LeaderRetry is how often Run renews its lease and a follower tries to
+	// take it (default: a sixth of LeaseTTL).
 	LeaderRetry time.Duration
+	// LeaseTTL is how long Run's lease lasts unrenewed (default
+	// cluster.DefaultLeaseTTL): a leader that freezes is replaced within
+	// LeaseTTL plus LeaderRetry.
+	LeaseTTL time.Duration
 	// Gather is how long the leader waits after a wake-up before numbering,
 	// so that one sequencing transaction (and its WAL flush) serves many
 	// commits instead of one each (default 50ms; negative = none). A batch
@@ -75,9 +77,6 @@ func NewSequencer(pool *pgxpool.Pool, cfg SequencerConfig) *Sequencer {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}
-	if cfg.LeaderRetry <= 0 {
-		cfg.LeaderRetry = time.Second
-	}
 	if cfg.Gather == 0 {
 		cfg.Gather = DefaultGather
 	}
@@ -109,50 +108,31 @@ func (s *Sequencer) OnSequenced(fn func(lastSeq int64)) {
 	s.listeners = append(s.listeners, fn)
 }
 
-// Run elects this process leader (a session advisory lock held on one
-// connection) and sequences events until ctx ends. Followers retry
-// leadership every LeaderRetry.
+// SequencerLease is the name of the lease under which one node of a
+// cluster sequences.
+const SequencerLease = "sequencer"
+
+// Run sequences events until ctx ends, whenever this process holds the
+// sequencer lease (a holder of its own; a server runs Lead under its
+// node's leases instead). Other processes running it wait as followers
+// and take over within the lease's expiry when the leader stops renewing.
 func (s *Sequencer) Run(ctx context.Context) error {
-	for {
-		err := s.lead(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			s.log.Warn("sequencer lost leadership or failed; retrying", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(s.cfg.LeaderRetry):
-		}
-	}
+	return cluster.RunSingleton(ctx, s.pool, SequencerLease, s.Lead, cluster.LeaseConfig{TTL: s.cfg.LeaseTTL, Tick: s.cfg.LeaderRetry, Logger: s.cfg.Logger})
 }
 
-// lead holds leadership for as long as the lock connection lives.
-func (s *Sequencer) lead(ctx context.Context) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquiring leader connection: %w", err)
-	}
-	// The session lock dies with the connection: take the connection out of
-	// the pool for good, so it is never handed to anyone holding the lock.
-	pc := conn.Hijack()
-	defer pc.Close(context.WithoutCancel(ctx))
-
-	var leader bool
-	if err := pc.QueryRow(ctx, qTryLeadership, sequencerLockKey).Scan(&leader); err != nil {
-		return fmt.Errorf("trying leadership: %w", db.Translate(err))
-	}
-	if !leader {
-		return nil
-	}
-	s.log.Info("sequencer is leader")
+// Lead sequences events while lease is held (until ctx ends). Every batch
+// is fenced with the lease's epoch: a batch after another node took the
+// lease over numbers nothing and ends Lead with db.ErrFenced.
+func (s *Sequencer) Lead(ctx context.Context, lease cluster.Lease) error {
+	s.log.Info("sequencer is leader", "epoch", lease.Epoch)
 	tick := time.NewTicker(s.cfg.PollInterval)
 	defer tick.Stop()
 	for {
 		for {
-			n, err := s.SequenceBatch(ctx)
+			n, err := s.sequence(ctx, &lease)
+			if ctx.Err() != nil {
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -172,22 +152,29 @@ func (s *Sequencer) lead(ctx context.Context) error {
 				}
 			}
 		case <-tick.C:
-			if err := pc.Ping(ctx); err != nil {
-				return fmt.Errorf("leader connection: %w", err)
-			}
 		}
 	}
 }
 
 // SequenceBatch numbers up to BatchSize committed, unsequenced events in one
-// transaction and returns how many it numbered. Exported for tests and for
-// tools that run without a leader loop.
+// transaction and returns how many it numbered, unfenced: for tests and
+// for tools that run when no sequencer does.
 func (s *Sequencer) SequenceBatch(ctx context.Context) (int, error) {
+	return s.sequence(ctx, nil)
+}
+
+// sequence is one batch, fenced by lease when it is not nil.
+func (s *Sequencer) sequence(ctx context.Context, lease *cluster.Lease) (int, error) {
 	// Wake-ups from now on are the next batch's: their events may have
 	// committed after this batch's snapshot.
 	woken := s.wokenAt.Swap(0)
+	var name *string
+	var epoch *int64
+	if lease != nil {
+		name, epoch = &lease.Name, &lease.Epoch
+	}
 	var n, last int64
-	err := db.Translate(s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize).Scan(&n, &last))
+	err := db.Translate(s.pool.QueryRow(ctx, qSequenceBatch, s.cfg.BatchSize, name, epoch).Scan(&n, &last))
 	if errors.Is(err, db.ErrNotFound) {
 		metrics.SequencerPending.Set(0)
 		return 0, nil

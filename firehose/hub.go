@@ -53,6 +53,10 @@ type Config struct {
 	// Priority, when set, is the server's writes-first gate: a backfilling
 	// subscriber yields to writes in flight before reading each page.
 	Priority *priority.Gate
+	// Sessions, when set, is a pool reaching Postgres directly (not
+	// through a transaction-mode pooler), for the LISTEN session that
+	// wakes the hub when another node sequences. Default: the hub's pool.
+	Sessions *pgxpool.Pool
 	// Logger receives the hub's logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -120,8 +124,10 @@ type Hub struct {
 // NewHub returns a hub over pool's event log. Call Run to start it.
 func NewHub(pool *pgxpool.Pool, cfg Config) *Hub {
 	cfg.defaults()
+	log := eventlog.NewLog(pool)
+	log.UseSessions(cfg.Sessions)
 	return &Hub{
-		log:    eventlog.NewLog(pool),
+		log:    log,
 		cfg:    cfg,
 		logger: cfg.Logger.With("component", "firehose"),
 		wake:   make(chan struct{}, 1),

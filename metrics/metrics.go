@@ -116,10 +116,19 @@ var (
 		Help: "Commit groups refused whole (a member's root moved or its session was refused) and stored commit by commit.",
 	})
 	// StaleRoots counts one-round-trip commits refused because another
-	// process had moved the repo's root; each was redone under the row lock.
+	// process had moved the repo's root; each was rebuilt on the cached
+	// tree caught up (StateRefreshes) or, failing that, redone under the
+	// row lock.
 	StaleRoots = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "repo", Name: "stale_roots_total",
-		Help: "Commits built on a cached tree whose root another process had moved; redone under the repo's row lock.",
+		Help: "Commits built on a cached tree whose root another process had moved; rebuilt on the tree caught up, or redone under the repo's row lock.",
+	})
+	// StateRefreshes counts cached trees caught up with another process's
+	// commits (the new nodes read, the unchanged ones kept) instead of
+	// being loaded whole.
+	StateRefreshes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "state_refreshes_total",
+		Help: "Cached repository trees caught up with another node's commits (only the new MST nodes read) instead of loaded whole.",
 	})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -141,6 +150,21 @@ var (
 		Namespace: namespace, Subsystem: "sequencer", Name: "pending_events",
 		Help: "Committed events not yet sequenced.",
 	})
+)
+
+// Cluster: the leases of the jobs one node runs at a time (package
+// cluster).
+var (
+	// LeaseHeld is 1 for each lease this node holds, 0 for those it wants.
+	LeaseHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "cluster", Name: "lease_held",
+		Help: "1 for each singleton job's lease this node holds (sequencer, firehose-pruner, blob-collector, ...), 0 for those another node holds.",
+	}, []string{"lease"})
+	// LeaseTakeovers counts the leases this node took.
+	LeaseTakeovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "cluster", Name: "lease_takeovers_total",
+		Help: "Leases this node took (at start, or from a holder that stopped renewing).",
+	}, []string{"lease"})
 )
 
 // Firehose.
@@ -189,8 +213,8 @@ func init() {
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
-		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots,
-		EventLogLastSeq, SequencerLag, SequencerPending,
+		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes,
+		EventLogLastSeq, SequencerLag, SequencerPending, LeaseHeld, LeaseTakeovers,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, passwordSlotsCollector, limiterCollector, poolCollector,
 	)

@@ -268,6 +268,16 @@ var domainErrors = []errorMapping{
 		return e
 	}},
 
+	// The database went away in the middle of the request (a failover, a
+	// restart, a network failure): the transaction committed whole or not
+	// at all, and a retry in a moment reaches the new primary.
+	{sentinel: db.ErrUnavailable, status: http.StatusServiceUnavailable, name: "ServiceUnavailable", build: func(err error) *XRPCError {
+		e := newError(http.StatusServiceUnavailable, "ServiceUnavailable", "the database is unavailable (failing over or restarting); retry in a moment")
+		e.Header = http.Header{"Retry-After": {"1"}}
+		e.Err = err
+		return e
+	}},
+
 	// Text Postgres cannot store. The strings the server stores come from
 	// requests, and JSON may carry a NUL ("\u0000") in any field a handler
 	// does not parse further (an app password's name, an invite note, an

@@ -53,7 +53,7 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 	defer e.active.Add(-1)
 	lc := &lazyConn{pool: e.pool}
 	defer lc.release()
-	res, newState, done, err := e.applyOptimistic(ctx, lc, did, key, prepared, swapCommit, guard, active)
+	res, newState, cached, done, err := e.applyOptimistic(ctx, lc, did, key, prepared, swapCommit, guard, active)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 		if err != nil {
 			return nil, fmt.Errorf("acquiring a connection: %w", db.Translate(err))
 		}
-		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit, guard)
+		res, newState, err = e.applyTx(ctx, conn, did, key, prepared, swapCommit, guard, cached)
 		if err != nil {
 			rollback(ctx, conn)
 			return nil, err
@@ -116,56 +116,80 @@ func (e *Engine) enter(ctx context.Context, did string) (func(), error) {
 // cached state and sent as one pipelined batch with no BEGIN or COMMIT (the
 // statements of a pipeline up to its Sync run as one implicit transaction,
 // committed at the Sync, or rolled back whole if any statement fails).
-// bulwark_commit first takes the repo row lock and moves the root from the
-// cached commit to the new one, or raises db.ErrRootMoved when the stored
-// commit is not the cached one, before any other write. done is false when
-// the fast path does not apply or the root moved (another process wrote);
-// the caller then takes the two-round-trip path, which reads the root
-// inside the lock. Commits whose records touch blob references take that
-// path too, since the blob tracker needs the transaction open. While other
-// commits are in flight, the batch joins a group of them (group.go).
-func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (*CommitResult, *repoState, bool, error) {
+// bulwark_try_commit first takes the repo row lock and moves the root from
+// the cached commit to the new one; when another process had moved it, it
+// stores nothing and answers the stored root and the nodes written since,
+// and the commit is rebuilt on the cached tree caught up with them (a
+// refresh, not a reload: refresh.go), up to maxRefreshes times. done is
+// false when the fast path does not apply; the caller then takes the
+// two-round-trip path, which reads the root inside the lock. Commits whose
+// records touch blob references take that path too, since the blob
+// tracker needs the transaction open. While other commits are in flight,
+// the batch joins a group of them (group.go).
+//
+// When it is not done, cached is the cached state, if there was one, for
+// the locked path to catch up rather than load the tree whole.
+func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (res *CommitResult, newState, cached *repoState, done bool, err error) {
+	st := e.cache.takeAny(did.String())
+	if st == nil || !st.commit.Defined() {
+		return nil, nil, nil, false, nil
+	}
 	if e.blobs != nil {
 		for _, w := range writes {
 			if w.Action != ActionCreate || len(atdata.ExtractBlobs(w.Record)) > 0 {
-				return nil, nil, false, nil
+				return nil, nil, st, false, nil
 			}
 		}
 	}
-	st := e.cache.takeAny(did.String())
-	if st == nil || !st.commit.Defined() {
-		return nil, nil, false, nil
-	}
-	if swapCommit != nil && !swapCommit.Equals(st.commit) {
-		// The two-round-trip path reports the swap against the database.
-		return nil, nil, false, nil
-	}
-	p, err := e.plan(ctx, st, did, key, writes)
-	if err != nil || p.params == nil {
-		// The cached state may be stale: let the locked path decide.
-		return nil, nil, false, nil
-	}
-	p.params.freshNodes = true
-	if e.useGroup(active) {
-		err = e.storeGrouped(ctx, lc, guard, p.params)
-	} else if conn, cerr := lc.get(ctx); cerr != nil {
-		err = cerr
-	} else {
-		err = storeOne(ctx, conn, guard, p.params)
-	}
-	if err = db.Translate(err); err != nil {
-		if errors.Is(err, db.ErrRootMoved) || errors.Is(err, db.ErrConflict) {
-			// Another process moved the root, or (unique violation) a node
-			// the cache did not know of is stored: the locked path redoes
-			// the commit from the database.
-			e.counters.staleRoots.Inc()
-			return nil, nil, false, nil
+	for attempt := 0; ; attempt++ {
+		if swapCommit != nil && !swapCommit.Equals(st.commit) {
+			// The two-round-trip path reports the swap against the database.
+			return nil, nil, st, false, nil
 		}
-		return nil, nil, true, fmt.Errorf("storing commit: %w", err)
+		p, err := e.plan(ctx, st, did, key, writes)
+		if err != nil || p.params == nil {
+			// The cached state may be stale: let the locked path decide.
+			return nil, nil, st, false, nil
+		}
+		p.params.freshNodes = true
+		p.params.oldRev = st.rev
+		var moved [][]byte
+		if e.useGroup(active) {
+			moved, err = e.storeGrouped(ctx, lc, guard, p.params)
+		} else if conn, cerr := lc.get(ctx); cerr != nil {
+			err = cerr
+		} else {
+			moved, err = storeTry(ctx, conn, guard, p.params)
+		}
+		if err = db.Translate(err); err != nil {
+			if errors.Is(err, db.ErrRootMoved) || errors.Is(err, db.ErrConflict) {
+				// The repo is gone, or (unique violation) a node the cache
+				// did not know of is stored: the locked path redoes the
+				// commit from the database.
+				e.counters.staleRoots.Inc()
+				return nil, nil, nil, false, nil
+			}
+			return nil, nil, nil, true, fmt.Errorf("storing commit: %w", err)
+		}
+		if moved == nil {
+			p.finish()
+			e.fastCommits.Add(1)
+			return p.res, st, nil, true, nil
+		}
+		// Another process moved the root: catch the tree up and rebuild.
+		e.counters.staleRoots.Inc()
+		if attempt >= maxRefreshes {
+			return nil, nil, st, false, nil
+		}
+		m, err := parseMoved(moved)
+		if err != nil {
+			return nil, nil, nil, false, nil
+		}
+		if st, err = st.refreshed(m); err != nil {
+			return nil, nil, nil, false, nil
+		}
+		e.counters.refreshes.Inc()
 	}
-	p.finish()
-	e.fastCommits.Add(1)
-	return p.res, st, true, nil
 }
 
 // rollback ends a commit transaction that failed part-way. A connection
@@ -180,20 +204,23 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 
 // applyTx runs one commit on conn in two round trips: BEGIN with the row
 // lock and the root read, then every write with COMMIT at the end (plus the
-// blob tracker's statements, when a record references blobs). On an error
-// the caller rolls back.
-func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard) (*CommitResult, *repoState, error) {
+// blob tracker's statements, when a record references blobs). cached, when
+// not nil, is this process's cached state of the repo, caught up to the
+// locked root rather than the tree loaded whole. On an error the caller
+// rolls back.
+func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, cached *repoState) (*CommitResult, *repoState, error) {
 	var commitRaw, dataRaw []byte
 	var oldRev string
 	begin := &pgx.Batch{}
 	begin.Queue("BEGIN")
+	begin.Queue(qHoldLockBriefly)
 	if guard != nil {
 		begin.Queue(guard.SQL, guard.Args...)
 	}
 	begin.Queue(qLockRoot, did.String()).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&commitRaw, &dataRaw, &oldRev)
 	})
-	err := db.Translate(conn.SendBatch(ctx, begin).Close())
+	err := db.TranslateCall(conn.SendBatch(ctx, begin).Close())
 	if errors.Is(err, db.ErrNotFound) {
 		return nil, nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
 	}
@@ -212,11 +239,10 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 		return nil, nil, fmt.Errorf("%w: the repo's commit is %s, not %s", ErrInvalidSwap, oldCommit, swapCommit)
 	}
 
-	st, err := e.loadState(ctx, conn, did.String(), oldData)
+	st, err := e.lockedState(ctx, conn, did.String(), cached, &movedRoot{commit: oldCommit, data: oldData, rev: oldRev})
 	if err != nil {
 		return nil, nil, err
 	}
-	st.commit, st.rev = oldCommit, oldRev
 	p, err := e.plan(ctx, st, did, key, writes)
 	if err != nil {
 		return nil, nil, err
@@ -238,7 +264,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	queue(b, nil, p.params)
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, nil, fmt.Errorf("storing commit: %w", db.Translate(err))
+		return nil, nil, fmt.Errorf("storing commit: %w", db.TranslateCall(err))
 	}
 	p.finish()
 	return p.res, st, nil

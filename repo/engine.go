@@ -24,6 +24,8 @@ var queries = db.MustParseQueries(queriesSQL)
 
 var (
 	qLockRoot        = queries.MustGet("LockRoot")
+	qHoldLockBriefly = queries.MustGet("HoldLockBriefly")
+	qNoIdleLimit     = queries.MustGet("NoIdleLimit")
 	qInsertRoot      = queries.MustGet("InsertRoot")
 	qGetHead         = queries.MustGet("GetHead")
 	qLoadNodes       = queries.MustGet("LoadNodes")
@@ -36,6 +38,8 @@ var (
 	qGetBlockByCID   = queries.MustGet("GetBlockByCID")
 	qCountRecords    = queries.MustGet("CountRecords")
 	qCommit          = queries.MustGet("Commit")
+	qTryCommit       = queries.MustGet("TryCommit")
+	qNodesSince      = queries.MustGet("NodesSince")
 	qDeleteRepo      = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -77,6 +81,16 @@ type Config struct {
 	CacheBytes int64
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
+	// ClockID is the TID clock id of this process (0-1023) in the record
+	// keys and revs it makes: processes writing to one database must each
+	// have their own (cluster.Node claims one), or two of them may pick
+	// the same key for records created at the same microsecond.
+	ClockID uint
+	// Sessions, when set, is a pool of direct connections to Postgres for
+	// the work that needs one session across transactions (an import's
+	// staging tables), when the main pool goes through a transaction-mode
+	// pooler. Default: the main pool.
+	Sessions *pgxpool.Pool
 
 	// groupLeaders is how many commit groups may be in flight at once
 	// (group.go); 0 means the default, negative turns grouping off.
@@ -91,12 +105,13 @@ type Config struct {
 // moved, and group commit's groups, their commits, and the groups refused
 // whole and stored commit by commit.
 type counters struct {
-	staleRoots, commitGroups, groupedCommits, groupRetries prometheus.Counter
+	staleRoots, refreshes, commitGroups, groupedCommits, groupRetries prometheus.Counter
 }
 
 // serverCounters are the process's metrics.
 var serverCounters = &counters{
 	staleRoots:     metrics.StaleRoots,
+	refreshes:      metrics.StateRefreshes,
 	commitGroups:   metrics.CommitGroups,
 	groupedCommits: metrics.GroupedCommits,
 	groupRetries:   metrics.CommitGroupRetries,
@@ -120,13 +135,14 @@ type Engine struct {
 	writersMu sync.Mutex
 	writers   map[string]*writerQueue
 
-	blobs BlobTracker
-	pool  *pgxpool.Pool
-	keys  KeySource
-	waker Waker
-	cache *treeCache
-	clock *syntax.TIDClock
-	log   *slog.Logger
+	blobs    BlobTracker
+	pool     *pgxpool.Pool
+	sessions *pgxpool.Pool
+	keys     KeySource
+	waker    Waker
+	cache    *treeCache
+	clock    atomic.Pointer[syntax.TIDClock]
+	log      *slog.Logger
 }
 
 // New returns an engine over pool. waker may be nil.
@@ -143,25 +159,36 @@ func New(pool *pgxpool.Pool, keys KeySource, waker Waker, cfg Config) *Engine {
 	if cfg.counters == nil {
 		cfg.counters = serverCounters
 	}
-	return &Engine{
+	if cfg.Sessions == nil {
+		cfg.Sessions = pool
+	}
+	e := &Engine{
 		counters: cfg.counters,
 		writers:  map[string]*writerQueue{},
 		group:    groupCommitter{maxLeaders: cfg.groupLeaders},
 		blobs:    cfg.Blobs,
 		pool:     pool,
+		sessions: cfg.Sessions,
 		keys:     keys,
 		waker:    waker,
 		cache:    newTreeCache(cfg.CacheBytes),
-		clock:    syntax.NewTIDClock(0),
 		log:      cfg.Logger.With("component", "repo"),
 	}
+	e.SetClockID(cfg.ClockID)
+	return e
+}
+
+// SetClockID makes the engine's record keys and revs carry clock id id
+// from now on (cluster.Node reports a new one after a long partition).
+func (e *Engine) SetClockID(id uint) {
+	e.clock.Store(syntax.NewTIDClock(id))
 }
 
 // nextRev returns a TID above both the clock and the previous rev, so revs
 // increase per repo even if the wall clock steps back or another process
 // wrote last.
 func (e *Engine) nextRev(prev string) string {
-	rev := e.clock.Next()
+	rev := e.clock.Load().Next()
 	if prev != "" && rev.String() <= prev {
 		if t, err := syntax.ParseTID(prev); err == nil {
 			c := syntax.ClockFromTID(t)

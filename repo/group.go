@@ -27,10 +27,11 @@ import (
 // own connection; the others wait for their answer. A leader that
 // finishes hands the lead to the first commit still queued.
 //
-// One failed statement rolls back the whole group (a root another process
-// moved, a refused session). The leader then stores the group's commits
-// one by one, so each gets its own answer, as if they had never been
-// grouped. Commits are sent in DID order, so two processes grouping
+// A commit whose root another process moved stores nothing and gets what
+// its writer needs to catch up, while the rest of the group is stored
+// (bulwark_try_commit). One failed statement (a refused session) rolls
+// back the whole group; the leader then stores the group's commits one by
+// one, so each gets its own answer, as if they had never been grouped. Commits are sent in DID order, so two processes grouping
 // commits of the same repos lock their rows in the same order.
 
 const (
@@ -61,9 +62,13 @@ type groupCommitter struct {
 type pendingCommit struct {
 	guard  *Guard
 	params *commitParams
-	err    error         // the commit's outcome, set before done is closed
-	done   chan struct{} // closed when stored or refused
-	lead   chan struct{} // a token: lead the next group
+	// moved and err are the commit's outcome, set before done is closed:
+	// moved is what the cache lacks when the root had moved (nothing was
+	// stored), nil when the commit was stored.
+	moved [][]byte
+	err   error
+	done  chan struct{} // closed when stored or refused
+	lead  chan struct{} // a token: lead the next group
 }
 
 // useGroup reports whether a commit that found active commits in flight
@@ -74,8 +79,9 @@ func (e *Engine) useGroup(active int64) bool {
 }
 
 // storeGrouped stores one commit (its guard, then its params) with
-// whatever other commits are waiting, and returns its outcome.
-func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, params *commitParams) error {
+// whatever other commits are waiting, and returns its outcome: see
+// storeTry.
+func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, params *commitParams) ([][]byte, error) {
 	c := &pendingCommit{guard: guard, params: params, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	g := &e.group
 	g.mu.Lock()
@@ -99,7 +105,7 @@ func (e *Engine) storeGrouped(ctx context.Context, lc *lazyConn, guard *Guard, p
 				e.leadGroup(ctx, lc)
 			default:
 			}
-			return c.err
+			return c.moved, c.err
 		case <-c.lead:
 			lead = true
 		}
@@ -165,19 +171,23 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 		}
 	}()
 	if len(batch) == 1 {
-		batch[0].err = storeOne(ctx, conn, batch[0].guard, batch[0].params)
+		batch[0].moved, batch[0].err = storeTry(ctx, conn, batch[0].guard, batch[0].params)
 		return
 	}
 	slices.SortFunc(batch, func(a, b *pendingCommit) int { return cmp.Compare(a.params.did, b.params.did) })
 	b := &pgx.Batch{}
 	for _, c := range batch {
-		queue(b, c.guard, c.params)
+		queueTry(b, c.guard, c.params, &c.moved)
 	}
 	err := send(ctx, conn, b)
 	if err == nil {
 		e.counters.commitGroups.Inc()
 		e.counters.groupedCommits.Add(float64(len(batch)))
 		return
+	}
+	// The group was rolled back whole: what a member read is void.
+	for _, c := range batch {
+		c.moved = nil
 	}
 	if !db.FromServer(err) {
 		// Not an answer from the server: whether the group committed is
@@ -189,16 +199,20 @@ func (e *Engine) storeGroup(ctx context.Context, conn *pgxpool.Conn, batch []*pe
 	}
 	e.counters.groupRetries.Inc()
 	for _, c := range batch {
-		c.err = storeOne(ctx, conn, c.guard, c.params)
+		c.moved, c.err = storeTry(ctx, conn, c.guard, c.params)
 	}
 }
 
-// storeOne sends one commit (its guard, then its statement) as one
-// implicit transaction.
-func storeOne(ctx context.Context, conn *pgxpool.Conn, guard *Guard, params *commitParams) error {
+// storeTry sends one commit built on a cached tree (its guard, then its
+// statement) as one implicit transaction. When the root had moved,
+// nothing is stored and moved is what the cache lacks (see refresh.go).
+func storeTry(ctx context.Context, conn *pgxpool.Conn, guard *Guard, params *commitParams) (moved [][]byte, err error) {
 	b := &pgx.Batch{}
-	queue(b, guard, params)
-	return send(ctx, conn, b)
+	queueTry(b, guard, params, &moved)
+	if err := send(ctx, conn, b); err != nil {
+		return nil, err
+	}
+	return moved, nil
 }
 
 // send sends b and reads every answer. A connection that failed without
@@ -208,6 +222,7 @@ func send(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) error {
 	err := conn.SendBatch(ctx, b).Close()
 	if err != nil && !db.FromServer(err) {
 		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		return db.TranslateCall(err)
 	}
 	return err
 }

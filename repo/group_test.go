@@ -13,7 +13,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/db"
 	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
@@ -31,13 +30,14 @@ func groupMember(t *testing.T, b *bundle, did syntax.DID, guard *Guard) (*pendin
 	require.NoError(t, err)
 	p, err := b.engine.plan(ctx, st, did, key, prepared)
 	require.NoError(t, err)
+	p.params.oldRev = st.rev
 	return &pendingCommit{guard: guard, params: p.params, done: make(chan struct{}), lead: make(chan struct{}, 1)}, p, st
 }
 
-// A group whose member is refused (a root another engine moved, a guard
-// that raises) is rolled back whole and stored commit by commit: the
-// refused ones get their own error, the others are stored, and nothing of
-// the refused ones is.
+// A group whose member is refused (a guard that raises) is rolled back
+// whole and stored commit by commit: the refused one gets its own error,
+// a member whose root another engine moved stores nothing and gets what
+// its cache lacks, the others are stored.
 func TestGroupWithRefusedMembers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -76,7 +76,7 @@ func TestGroupWithRefusedMembers(t *testing.T) {
 		<-c.done
 		var pe *pgconn.PgError
 		switch {
-		case errors.Is(db.Translate(c.err), db.ErrRootMoved):
+		case c.err == nil && c.moved != nil:
 			outcomes[c.params.did] = "root moved"
 		case errors.As(c.err, &pe):
 			outcomes[c.params.did] = pe.Code
@@ -95,6 +95,53 @@ func TestGroupWithRefusedMembers(t *testing.T) {
 		} else {
 			require.Equal(t, p.res.Commit, head.Commit, "commit of repo %d not stored", i)
 		}
+	}
+}
+
+// A member whose root another engine moved does not roll its group back:
+// it stores nothing and gets the stored root and the nodes written since
+// its cached rev, while the others are stored in the one transaction.
+func TestGroupWithMovedMember(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	other := New(b.pool, b.keys, nil, Config{counters: newCounters()})
+	dids := make([]syntax.DID, 3)
+	for i := range dids {
+		dids[i] = b.newRepo(t, i)
+		_, err := b.engine.Apply(ctx, dids[i], []Write{create("app.bsky.feed.post", "", post("warm"))}, nil)
+		require.NoError(t, err)
+	}
+	moved, err := other.Apply(ctx, dids[1], []Write{create("app.bsky.feed.post", "", post("elsewhere"))}, nil)
+	require.NoError(t, err)
+	var batch []*pendingCommit
+	var plans []*commitPlan
+	for _, did := range dids {
+		c, p, _ := groupMember(t, b, did, nil)
+		batch, plans = append(batch, c), append(plans, p)
+	}
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	b.engine.storeGroup(ctx, conn, batch)
+	require.Zero(t, counterValue(t, b.engine.counters.groupRetries), "the group was rolled back")
+	require.Equal(t, float64(1), counterValue(t, b.engine.counters.commitGroups))
+	for i, c := range batch {
+		<-c.done
+		require.NoError(t, c.err)
+		head, err := b.engine.GetHead(ctx, dids[i])
+		require.NoError(t, err)
+		if i != 1 {
+			require.Nil(t, c.moved)
+			require.Equal(t, plans[i].res.Commit, head.Commit)
+			continue
+		}
+		m, err := parseMoved(c.moved)
+		require.NoError(t, err)
+		require.Equal(t, moved.Commit, m.commit)
+		require.Equal(t, moved.Rev, m.rev)
+		require.Equal(t, head.Data, m.data)
+		require.NotEmpty(t, m.nodes, "no new nodes came back")
 	}
 }
 

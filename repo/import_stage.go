@@ -33,7 +33,7 @@ const (
 
 // open takes the import's connection and creates its staging tables.
 func (imp *importer) open(ctx context.Context) error {
-	conn, err := imp.e.pool.Acquire(ctx)
+	conn, err := imp.e.sessions.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquiring a connection for the import: %w", db.Translate(err))
 	}

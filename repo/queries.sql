@@ -1,6 +1,20 @@
 -- name: LockRoot
 SELECT commit_cid, data_cid, rev FROM repo_roots WHERE did = $1 FOR UPDATE;
 
+-- name: HoldLockBriefly
+-- First in a commit transaction that holds the repo's row lock across
+-- round trips: a writer that freezes (or loses its network) with the lock
+-- held loses its session after this long, and the repo's other writers,
+-- on every node, go on. The commit itself needs milliseconds between its
+-- round trips.
+SET LOCAL idle_in_transaction_session_timeout = '5s';
+
+-- name: NoIdleLimit
+-- First in an export's read-only transaction: a slow reader (or the
+-- export rate) may leave it idle between its queries for long, and it
+-- holds no lock anyone waits for.
+SET LOCAL idle_in_transaction_session_timeout = 0;
+
 -- name: InsertRoot
 INSERT INTO repo_roots (did, commit_cid, commit_data, data_cid, rev)
 VALUES ($1, $2, $3, $4, $5)
@@ -37,10 +51,12 @@ WITH RECURSIVE c AS (
 SELECT collection FROM c WHERE collection IS NOT NULL;
 
 -- name: ExportNodes
-SELECT cid, data FROM repo_nodes WHERE did = $1 AND ($2 = '' OR rev > $2);
+-- In key order, so that every node (and every plan) writes the same bytes
+-- for the same commit: a bitmap scan would return heap order.
+SELECT cid, data FROM repo_nodes WHERE did = $1 AND ($2 = '' OR rev > $2) ORDER BY cid;
 
 -- name: ExportRecords
-SELECT cid, data FROM records WHERE did = $1 AND ($2 = '' OR rev > $2);
+SELECT cid, data FROM records WHERE did = $1 AND ($2 = '' OR rev > $2) ORDER BY collection, rkey;
 
 -- name: GetBlockByCID
 (SELECT data FROM repo_nodes WHERE did = $1 AND cid = $2)
@@ -71,3 +87,25 @@ SELECT bulwark_commit(
     p_up_cols => $12, p_up_rkeys => $13, p_up_cids => $14, p_up_data => $15,
     p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
     p_fresh_nodes => $22);
+
+-- name: TryCommit
+-- Commit for a writer building on its cached tree: bulwark_try_commit
+-- (migrations/00019) with bulwark_commit's arguments and the rev the
+-- cached tree is at. NULL: stored; otherwise nothing was written and the
+-- answer is what the cache needs to catch up (see refresh.go).
+SELECT bulwark_try_commit(
+    p_did => $1, p_old => $2, p_commit => $3, p_commit_data => $4, p_data => $5, p_rev => $6,
+    p_rm_nodes => $7, p_node_cids => $8, p_node_data => $9,
+    p_del_cols => $10, p_del_rkeys => $11,
+    p_up_cols => $12, p_up_rkeys => $13, p_up_cids => $14, p_up_data => $15,
+    p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
+    p_fresh_nodes => $22, p_old_rev => $23);
+
+-- name: NodesSince
+-- The MST nodes written after rev $2 (TIDs compare as bytes), for a
+-- cached tree that is behind the root: with the nodes it has, they make
+-- the current tree.
+SELECT cid, data FROM repo_nodes WHERE did = $1 AND rev COLLATE "C" > $2 COLLATE "C";
+
+-- name: GetRev
+SELECT rev FROM repo_roots WHERE did = $1;

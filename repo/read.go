@@ -109,6 +109,9 @@ func (e *Engine) CountRecords(ctx context.Context, did syntax.DID) (int64, error
 // whatever the repository's size.
 func (e *Engine) ExportCAR(ctx context.Context, did syntax.DID, since string, w io.Writer) error {
 	return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, qNoIdleLimit); err != nil {
+			return fmt.Errorf("exporting: %w", db.Translate(err))
+		}
 		h, err := getHead(ctx, tx, did)
 		if err != nil {
 			return err

@@ -49,6 +49,31 @@ func (e *Engine) loadState(ctx context.Context, q db.DBTX, did string, data cid.
 	return &repoState{did: did, data: data, tree: tree, nodes: nodes, size: size}, nil
 }
 
+// lockedState returns did's tree at root (read under the repo's row lock,
+// through q): cached caught up with the nodes written since its rev when
+// there is one, else the tree loaded whole.
+func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached *repoState, root *movedRoot) (*repoState, error) {
+	if cached != nil {
+		nodes, err := nodesSince(ctx, q, did, cached.rev)
+		if err != nil {
+			return nil, err
+		}
+		root.nodes = nodes
+		if st, err := cached.refreshed(root); err == nil {
+			if !st.data.Equals(cached.data) {
+				e.counters.refreshes.Inc()
+			}
+			return st, nil
+		}
+	}
+	st, err := e.loadState(ctx, q, did, root.data)
+	if err != nil {
+		return nil, err
+	}
+	st.commit, st.rev = root.commit, root.rev
+	return st, nil
+}
+
 // removedNodes returns the nodes of st's tree before this commit (rooted
 // at oldRoot) that the new tree no longer contains, and the children of the
 // commit's new nodes. The new tree's nodes are the written diff plus

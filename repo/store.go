@@ -38,6 +38,9 @@ type commitParams struct {
 	// made from the cached tree of the root the commit moves from), so they
 	// are inserted without ON CONFLICT (p_fresh_nodes).
 	freshNodes bool
+	// oldRev is the rev of the cached tree the commit was built on
+	// (p_old_rev of bulwark_try_commit).
+	oldRev string
 }
 
 // addRecords fills in the records the commit deletes and upserts.
@@ -80,10 +83,24 @@ func (p *commitParams) size() int {
 }
 
 // queue adds the commit's guard, if any, and then the one statement that
-// stores it (bulwark_commit, which runs every write server-side) to b.
+// stores it (bulwark_commit, which runs every write server-side) to b:
+// for a commit under the repo's row lock, whose root cannot move.
 func queue(b *pgx.Batch, guard *Guard, p *commitParams) {
 	if guard != nil {
 		b.Queue(guard.SQL, guard.Args...)
 	}
 	b.Queue(qCommit, p.args()...)
+}
+
+// queueTry is queue for a commit built on a cached tree, whose root
+// another process may have moved: bulwark_try_commit then stores nothing
+// and answers what the cache lacks, which is scanned into moved (left nil
+// when the commit was stored). The other commits of a group go on.
+func queueTry(b *pgx.Batch, guard *Guard, p *commitParams, moved *[][]byte) {
+	if guard != nil {
+		b.Queue(guard.SQL, guard.Args...)
+	}
+	b.Queue(qTryCommit, append(p.args(), p.oldRev)...).QueryRow(func(row pgx.Row) error {
+		return row.Scan(moved)
+	})
 }

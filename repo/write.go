@@ -82,7 +82,7 @@ func (e *Engine) prepare(writes []Write) ([]preparedWrite, error) {
 		switch w.Action {
 		case ActionCreate:
 			if pw.RKey == "" {
-				pw.RKey = syntax.RecordKey(e.clock.Next().String())
+				pw.RKey = syntax.RecordKey(e.clock.Load().Next().String())
 			}
 		case ActionUpdate, ActionDelete:
 			if pw.RKey == "" {

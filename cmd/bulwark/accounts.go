@@ -42,7 +42,7 @@ func newAccountStack(cfg *config.Config, pool *pgxpool.Pool, waker repo.Waker, r
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	mailer, err := newMailer(cfg, pool, limits, logger)
+	mailer, err := newMailer(cfg, pool, repoCfg.Sessions, limits, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}

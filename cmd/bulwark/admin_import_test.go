@@ -53,7 +53,7 @@ func newCLIServer(t *testing.T) *cliServer {
 	cfg := plcTestConfig(t, "cli-import-password")
 	cfg.RateLimits = "off"
 	require.NoError(t, cfg.Finalize())
-	srv, _, err := newServer(context.Background(), cfg, dbtest.New(t), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv, _, err := newServer(context.Background(), cfg, dbtest.New(t), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -160,11 +160,16 @@ func secretNotes(dir string) []string {
 	return notes
 }
 
-// backupDatabase returns the URL of the database to dump: the external one,
-// or the managed cluster's. A running server's cluster is reached through
+// backupDatabase returns the URL of the database to dump: the external one
+// (its direct URL when one is set: pg_dump keeps one snapshot on one
+// session, which a transaction-mode pooler would break), or the managed
+// cluster's. A running server's cluster is reached through
 // the socket its postmaster.pid names; a stopped one is started for the
 // backup and stopped by the returned func.
 func backupDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (string, func(), error) {
+	if cfg.DatabaseDirectURL != "" {
+		return cfg.DatabaseDirectURL, func() {}, nil
+	}
 	if cfg.DatabaseURL != "" {
 		return cfg.DatabaseURL, func() {}, nil
 	}

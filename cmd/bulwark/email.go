@@ -19,7 +19,7 @@ import (
 // mailRecipient policy (nil: no limit). Without --smtp-url every mail is
 // held and the codes are read with `bulwark admin account tokens`. The
 // caller runs its worker (Mailer.Run) beside the server.
-func newMailer(cfg *config.Config, pool *pgxpool.Pool, limits *ratelimit.Set, logger *slog.Logger) (*email.Mailer, error) {
+func newMailer(cfg *config.Config, pool, sessions *pgxpool.Pool, limits *ratelimit.Set, logger *slog.Logger) (*email.Mailer, error) {
 	smtp, err := cfg.SMTP()
 	if err != nil {
 		return nil, err
@@ -31,6 +31,7 @@ func newMailer(cfg *config.Config, pool *pgxpool.Pool, limits *ratelimit.Set, lo
 		TemplateDir: cfg.EmailTemplates,
 		// The server's limiter: its metrics and pruning come with the set.
 		RecipientLimit: limits.Get(ratelimit.PolicyMailRecipient),
+		Sessions:       sessions,
 		Registerer:     replacingRegisterer{metrics.Registry},
 		Logger:         logger,
 	})

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"log/slog"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bulwark-pds/bulwark/cluster"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/eventlog"
 	"github.com/bulwark-pds/bulwark/firehose"
@@ -13,9 +15,11 @@ import (
 
 // newFirehose builds the event pipeline: the sequencer (writers wake it),
 // the hub serving subscribeRepos, retention pruning and relay
-// notification, and returns the background services that run them.
-// onStuck hears of each consumer found stuck (the alert webhook).
-func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger, onStuck func(firehose.ConsumerReport)) (*eventlog.Sequencer, *firehose.Hub, []service) {
+// notification. The sequencer (with the relay notifier it feeds) and the
+// pruner are singletons of the cluster, run under role's leases; the hub
+// runs on every node and is returned as a service. onStuck hears of each
+// consumer found stuck (the alert webhook).
+func newFirehose(cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, logger *slog.Logger, onStuck func(firehose.ConsumerReport)) (*eventlog.Sequencer, *firehose.Hub, []service) {
 	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: logger})
 	log := eventlog.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
@@ -30,18 +34,29 @@ func newFirehose(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger, on
 		},
 		OnStuck: onStuck,
 	})
-	hub := firehose.NewHub(pool, firehose.Config{Retention: cfg.FirehoseRetention, Health: health, DisableOversizeSync: !cfg.FirehoseOversizeSync, Logger: logger})
+	hub := firehose.NewHub(pool, firehose.Config{
+		Retention: cfg.FirehoseRetention, Health: health, DisableOversizeSync: !cfg.FirehoseOversizeSync,
+		Sessions: role.sessions, Logger: logger,
+	})
 	seq.OnSequenced(hub.Notify)
 	pruner := eventlog.NewPruner(pool, eventlog.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
-	services := []service{
-		{name: "sequencer", run: seq.Run},
-		{name: "firehose", run: hub.Run},
-		{name: "firehose pruner", run: pruner.Run},
-	}
+	var crawl *firehose.CrawlNotifier
 	if len(cfg.Crawlers) > 0 {
-		crawl := firehose.NewCrawlNotifier(firehose.CrawlConfig{Hostname: cfg.Hostname, Crawlers: cfg.Crawlers, Logger: logger})
+		crawl = firehose.NewCrawlNotifier(firehose.CrawlConfig{Hostname: cfg.Hostname, Crawlers: cfg.Crawlers, Logger: logger})
 		seq.OnSequenced(crawl.Notify)
-		services = append(services, service{name: "crawl notifier", run: crawl.Run})
 	}
-	return seq, hub, services
+	// The relays are told of new events by the node that numbers them.
+	role.leases.Add(eventlog.SequencerLease, func(ctx context.Context, l cluster.Lease) error {
+		if crawl == nil {
+			return seq.Lead(ctx, l)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = crawl.Run(ctx) })
+		defer wg.Wait()
+		defer cancel()
+		return seq.Lead(ctx, l)
+	})
+	role.singleton(leaseFirehosePruner, pruner.Run)
+	return seq, hub, []service{{name: "firehose", run: hub.Run}}
 }

@@ -78,11 +78,14 @@ func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 }
 
 // newWatchers builds the relay watch over the relays of --crawlers and
-// the 503 storm detector, both alerting through hook. Relays seen
+// the 503 storm detector, both alerting through hook. Every node of a
+// cluster watches the relays (its console shows them); only the one for
+// which mayAlertRelays is true tells the webhook about them, so an
+// incident is alerted once, not once per node. Relays seen
 // subscribing are not added (relaywatch.Watch.Observe): what a subscriber
 // shows of itself, its address and User-Agent, is neither a URL nor to be
 // trusted, and the watch calls the URLs it is given.
-func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, logger *slog.Logger) (*watchers, error) {
+func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, mayAlertRelays func() bool, logger *slog.Logger) (*watchers, error) {
 	w := &watchers{alerts: hook}
 	w.storm = alert.NewStormDetector(alert.StormConfig{
 		Threshold: cfg.OverloadStormThreshold,
@@ -103,6 +106,9 @@ func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, log
 	watch, err := relaywatch.New(relaywatch.Config{
 		Hostname: cfg.Hostname, Relays: cfg.Crawlers, Head: head, Events: events,
 		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
+			if !mayAlertRelays() {
+				return
+			}
 			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
 		}),
 		Client:   operatorClient(cfg, logger, cfg.RelayWatchTimeout),

@@ -61,7 +61,7 @@ func startPublicServer(t *testing.T, args ...string) *publicServer {
 	// As serve does (serve.go).
 	devPLC := newDevPLC(cfg, pool, logger)
 	rt := serverid.NewRuntime(adminURL(cfg.Listen), cfg.PublicURL(), cfg.ServiceDID())
-	b, err := buildServer(context.Background(), cfg, pool, devPLC, nil, logger, publicRoutes(cfg, pool, &rt, devPLC))
+	b, err := buildServer(context.Background(), cfg, pool, nil, devPLC, nil, logger, publicRoutes(cfg, pool, &rt, devPLC))
 	require.NoError(t, err)
 	svcs := startServices(b.services)
 	hs := b.srv.HTTPServer()

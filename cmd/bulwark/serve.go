@@ -96,7 +96,11 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 		defer cancel()
 		d.Close(ctx)
 	}()
-	if err := db.Migrate(ctx, d.Pool, logger); err != nil {
+	if err := db.Migrate(ctx, d.Sessions, logger); err != nil {
+		return err
+	}
+	role, err := joinCluster(ctx, cfg, d, logger)
+	if err != nil {
 		return err
 	}
 
@@ -105,7 +109,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 		return err
 	}
 	rt := serverid.NewRuntime(adminURL(cfg.Listen), cfg.PublicURL(), cfg.ServiceDID())
-	b, err := buildServer(ctx, cfg, d.Pool, devPLC, st.metricsLn, logger, publicRoutes(cfg, d.Pool, &rt, devPLC))
+	b, err := buildServer(ctx, cfg, d.Pool, role, devPLC, st.metricsLn, logger, publicRoutes(cfg, d.Pool, &rt, devPLC))
 	if err != nil {
 		return err
 	}
@@ -148,10 +152,14 @@ func listen(cfg *config.Config) (net.Listener, error) {
 // closes. Add one as a line here (sequencer, firehose hub, crawl
 // notifier, ...).
 //
+// role is how the server takes part in the cluster on its database: the
+// singleton jobs (sequencer, pruning, blob collection, ...) run under its
+// leases. nil: a role of its own (a server built by a test, never joined).
+//
 // devPLC, when not nil, is the development PLC directory this server runs:
 // the PLC client then submits to it in process.
-func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
-	b, err := buildServer(ctx, cfg, pool, devPLC, nil, logger, publicRoutes(cfg, pool, nil, devPLC))
+func newServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, devPLC *plctest.Directory, logger *slog.Logger) (*pds.Server, []service, error) {
+	b, err := buildServer(ctx, cfg, pool, role, devPLC, nil, logger, publicRoutes(cfg, pool, nil, devPLC))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -168,26 +176,35 @@ type builtServer struct {
 // buildServer is newServer with the --metrics-listen listener bound by the
 // caller (nil: bound when its service starts) and the paths to serve
 // beside the PDS's own (publicRoutes), returning the rate limiters too.
-func buildServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*builtServer, error) {
-	srv, services, limits, err := assembleServer(ctx, cfg, pool, devPLC, metricsLn, logger, routes)
+func buildServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*builtServer, error) {
+	srv, services, limits, err := assembleServer(ctx, cfg, pool, role, devPLC, metricsLn, logger, routes)
 	if err != nil {
 		return nil, err
 	}
 	return &builtServer{srv: srv, services: services, limits: limits}, nil
 }
 
-func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*pds.Server, []service, *ratelimit.Set, error) {
+func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, devPLC *plctest.Directory, metricsLn net.Listener, logger *slog.Logger, routes []pds.Route) (*pds.Server, []service, *ratelimit.Set, error) {
+	if role == nil {
+		role = standaloneRole(pool)
+	}
 	alerts, services, err := newAlerts(cfg, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	sequencer, hub, firehoseServices := newFirehose(cfg, pool, logger, consumerStuckAlert(alerts))
+	sequencer, hub, firehoseServices := newFirehose(cfg, pool, role, logger, consumerStuckAlert(alerts))
 	services = append(services, firehoseServices...)
-	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, logger)
+	watch, err := newWatchers(cfg, eventlog.NewLog(pool), alerts, func() bool { return role.holds(leaseRelayAlerts) }, logger)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	services = append(services, watch.services...)
+	if watch.watch != nil {
+		role.singleton(leaseRelayAlerts, func(ctx context.Context) error {
+			<-ctx.Done()
+			return nil
+		})
+	}
 	protect, err := newProtection(cfg, pool, sequencer, metricsLn, logger)
 	if err != nil {
 		return nil, nil, nil, err
@@ -199,15 +216,16 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	services = append(services, service{name: "blob collector", run: blobs.Run})
+	role.singleton(leaseBlobCollector, blobs.Run)
 	var plcHTTP *http.Client
 	if devPLC != nil {
 		plcHTTP = devPLC.Client()
 	}
-	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs}, plcHTTP, protect.limits, logger, blobs)
+	accounts, engine, keys, err := newAccountStack(cfg, pool, sequencer, repo.Config{Blobs: blobs, Sessions: role.sessions}, plcHTTP, protect.limits, logger, blobs)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	role.useClock(engine.SetClockID)
 	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
 	// One client for every URL a user influences, so one guard and one
@@ -241,10 +259,11 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	services = append(services, service{name: "oauth cleanup", run: func(ctx context.Context) error {
+	role.singleton(leaseOAuthCleanup, func(ctx context.Context) error {
 		srv.OAuth().Run(ctx, 0)
 		return nil
-	}})
+	})
+	services = append(services, role.services()...)
 	slots := srv.ExportSlots()
 	metrics.RegisterExportSlots(func() metrics.BudgetStats { return metrics.BudgetStats(slots.Stats()) })
 	hub.UsePriority(srv.Priority())

@@ -95,7 +95,7 @@ func registeredMethods(t *testing.T) []sweptMethod {
 	require.True(t, ok)
 	_, err := cfg.EnsureSecrets()
 	require.NoError(t, err)
-	srv, _, err := newServer(context.Background(), cfg, dbtest.New(t), nil, slog.New(slog.DiscardHandler))
+	srv, _, err := newServer(context.Background(), cfg, dbtest.New(t), nil, nil, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	var out []sweptMethod
 	for _, r := range srv.Routes() {
