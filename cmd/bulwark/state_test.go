@@ -54,6 +54,12 @@ var tableBounds = map[string]rowBound{
 	// challenge and state, each used once.
 	"oauth_requests":    {par: 1},
 	"oauth_used_values": {par: 2},
+	// The nodes of the cluster on this database, the leases of their
+	// singleton jobs and the facts they agree on: written by nodes
+	// starting and leading, never by a request.
+	"cluster_facts":  {},
+	"cluster_leases": {},
+	"cluster_nodes":  {},
 	// Nothing without a sign-in.
 	"account_preferences":   {},
 	"app_passwords":         {},
@@ -71,7 +77,6 @@ var tableBounds = map[string]rowBound{
 	"sequencer_state":       {},
 	"server_identity":       {},
 	"service_auth_used":     {},
-	"spent_service_tokens":  {},
 	"takedowns":             {},
 }
 
