@@ -45,7 +45,7 @@ type opCheck struct {
 func (s *Service) checkOp(ctx context.Context, in CreateInput) (*opCheck, error) {
 	op := in.PLCOp
 	if err := plc.CheckSigned(op); err != nil {
-		return nil, ruleErr(ErrIncompatiblePLCOp, "invalid plc operation: %v", err)
+		return nil, ruleErr(ErrIncompatiblePLCOp, "%v", err)
 	}
 	if !s.plc.Controls(op) {
 		return nil, ruleErr(ErrIncompatiblePLCOp, "PLC DID does not include service rotation key (%s)", s.plc.RotationKey())
