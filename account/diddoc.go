@@ -36,8 +36,8 @@ var (
 
 // hosting is what a DID document says about the account's hosting.
 type hosting struct {
-	// endpoint is the atproto_pds service's URL ("" if none, or not of
-	// type AtprotoPersonalDataServer).
+	// endpoint is the atproto_pds service's URL ("" if none, or, in a
+	// did:web document, not of type AtprotoPersonalDataServer).
 	endpoint string
 	// signingKey is the atproto verification method as a did:key ("" if
 	// none, or unreadable).
@@ -74,12 +74,14 @@ func (s *Service) currentHosting(ctx context.Context, did syntax.DID, docs DocRe
 		if err != nil {
 			return nil, err
 		}
-		h := &hosting{signingKey: op.VerificationMethods[plc.VerificationMethod], rotationKeys: slices.Clone(op.RotationKeys)}
-		if svc, ok := op.Services[plc.ServiceID]; ok && svc.Type == plc.ServiceType {
-			h.endpoint = svc.Endpoint
-		}
-		h.handle = firstHandle(op.AlsoKnownAs)
-		return h, nil
+		// As the reference PDS reads a did:plc's data: the atproto_pds
+		// entry's endpoint, whatever its type.
+		return &hosting{
+			endpoint:     op.Services[plc.ServiceID].Endpoint,
+			signingKey:   op.VerificationMethods[plc.VerificationMethod],
+			rotationKeys: slices.Clone(op.RotationKeys),
+			handle:       firstHandle(op.AlsoKnownAs),
+		}, nil
 	case "web":
 		if docs == nil {
 			return nil, ruleErr(ErrUnsupportedDID, "%s: this server resolves no did:web here", did)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -40,8 +41,8 @@ type opCheck struct {
 // rotation key among its rotation keys, signed by one of its own rotation
 // keys (a genesis, whose DID must be in.DID when that is given) or by one
 // of the DID's current ones, following its current operation (an
-// update). handle, the pds endpoint and the signing key are checked by
-// checkOpContents.
+// update). The handle, the pds endpoint and the signing key are checked
+// by checkOpContents.
 func (s *Service) checkOp(ctx context.Context, in CreateInput) (*opCheck, error) {
 	op := in.PLCOp
 	if err := plc.CheckSigned(op); err != nil {
@@ -94,15 +95,29 @@ func (s *Service) checkOp(ctx context.Context, in CreateInput) (*opCheck, error)
 	return &opCheck{did: did, reservedFor: did}, nil
 }
 
-// checkOpContents checks what the operation says against the account: the
-// handle first in alsoKnownAs, the atproto_pds service at this server's
-// URL, and as atproto the signing key reserved for the account (the
-// reference PDS's validateAtprotoData, with its messages).
-func (s *Service) checkOpContents(op *didplc.RegularOp, handle syntax.Handle, signingKey string) error {
+// checkOpContents checks what the operation says against the account
+// asked for: rawHandle first in alsoKnownAs, the atproto_pds service at
+// this server's URL, and as atproto the key reserved for reservedFor (the
+// reference PDS's validateAtprotoData, with its messages). It runs before
+// the handle is resolved or the password hashed, so an operation that
+// cannot be taken costs neither.
+func (s *Service) checkOpContents(op *didplc.RegularOp, rawHandle string, reservedFor syntax.DID) error {
+	key, err := s.keys.reserved(reservedFor)
+	if err != nil {
+		return err
+	}
+	signingKey, err := didKeyOf(key)
+	if err != nil {
+		return err
+	}
+	handle, err := syntax.ParseHandle(strings.TrimSpace(rawHandle))
+	if err != nil {
+		return ruleErr(ErrInvalidHandle, "invalid handle %.100q: %v", rawHandle, err)
+	}
 	svc, ok := op.Services[plc.ServiceID]
 	switch {
-	case firstHandle(op.AlsoKnownAs) != handle:
-		return ruleErr(ErrIncompatiblePLCOp, "provided handle does not match DID document handle: the operation's alsoKnownAs must start with at://%s", handle)
+	case firstHandle(op.AlsoKnownAs) != handle.Normalize():
+		return ruleErr(ErrIncompatiblePLCOp, "provided handle does not match DID document handle: the operation's alsoKnownAs must start with at://%s", handle.Normalize())
 	case !ok || svc.Type != plc.ServiceType || svc.Endpoint != s.cfg.PublicURL:
 		return ruleErr(ErrIncompatiblePLCOp, "DID document pds endpoint does not match service endpoint: atproto_pds must be a %s at %s", plc.ServiceType, s.cfg.PublicURL)
 	case op.VerificationMethods[plc.VerificationMethod] != signingKey:
@@ -112,29 +127,26 @@ func (s *Service) checkOpContents(op *didplc.RegularOp, handle syntax.Handle, si
 	return nil
 }
 
-// createWithOp is createAccount with in.PLCOp. After checkNew's rules and
-// checkOp, one transaction stores the account and submits the operation;
-// it commits only if the directory took it. A genesis makes an active
-// account with its events, as any new account; an update (a move here,
-// the old server out of the loop) a deactivated one, as a move with a
-// service-auth JWT does, which its owner fills (importRepo) and
-// activates. A directory failure leaves nothing behind; a genesis the
-// directory took whose account was then not stored is tombstoned.
+// createWithOp is createAccount with in.PLCOp. After checkOp,
+// checkOpContents and checkNew's rules, one transaction stores the
+// account and submits the operation; it commits only if the directory
+// took it. A genesis makes an active account with its events, as any new
+// account; an update (a move here, the old server out of the loop) a
+// deactivated one, as a move with a service-auth JWT does, which its
+// owner fills (importRepo) and activates. A directory failure leaves
+// nothing behind; a genesis the directory took whose account was then not
+// stored is tombstoned.
 func (s *Service) createWithOp(ctx context.Context, in CreateInput) (*Account, *Session, error) {
 	oc, err := s.checkOp(ctx, in)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := s.checkOpContents(in.PLCOp, in.Handle, oc.reservedFor); err != nil {
+		return nil, nil, err
+	}
 	in.DID = oc.did.String()
 	na, err := s.prepareNew(ctx, in, oc.reservedFor)
 	if err != nil {
-		return nil, nil, err
-	}
-	pub, err := na.key.PublicKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := s.checkOpContents(in.PLCOp, na.handle, pub.DIDKey()); err != nil {
 		return nil, nil, err
 	}
 	genesis := in.PLCOp.IsGenesis()
