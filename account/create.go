@@ -10,6 +10,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	didplc "github.com/did-method-plc/go-didplc"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bulwark-pds/bulwark/audit"
@@ -25,10 +26,11 @@ type CreateInput struct {
 	Email      string
 	Password   string
 	InviteCode string
-	// DID, when set, brings an existing did:plc here (an account moving
-	// from another server): the caller must have checked that the
-	// requester controls it (a service-auth JWT the DID issued for
-	// com.atproto.server.createAccount). See createImported.
+	// DID, when set, brings an existing did:plc or did:web here (an
+	// account moving from another server): the caller must have checked
+	// that the requester controls it (a service-auth JWT the DID issued
+	// for com.atproto.server.createAccount), unless PLCOp proves it. See
+	// createImported.
 	DID string
 	// Audit, when set, is recorded in the audit log in the account's
 	// transaction (an administrator's creation), its Subject and After
@@ -39,9 +41,20 @@ type CreateInput struct {
 	ServiceAuth *ServiceAuthUse
 	// RecoveryKey, when set, is the account holder's own rotation key (a
 	// did:key, K-256 or P-256), first among the new DID's rotation keys,
-	// ahead of the server's. Ignored with DID, as in the reference PDS:
-	// that DID's keys are its holder's business.
+	// ahead of the server's. Ignored with DID or PLCOp, as in the
+	// reference PDS: that DID's keys are its holder's business.
 	RecoveryKey string
+	// PLCOp, when set, is a PLC operation the account holder signed
+	// that makes this server the DID's PDS: a genesis (a new did:plc of
+	// the holder's own) or the update that moves DID here. It is checked
+	// and submitted with the account (see createWithOp).
+	PLCOp *didplc.RegularOp
+	// Handles resolves a handle outside the server's domains for an
+	// account with an existing DID (CheckHandle); nil: only the server's
+	// domains.
+	Handles HandleResolver
+	// DIDs fetches did:web documents; nil: no did:web is accepted.
+	DIDs DocResolver
 }
 
 // auditCreation records in's audit entry, if any, for the new account did
@@ -110,10 +123,13 @@ type newAccount struct {
 // the commit failed) leaves a DID pointing here with no account: it is
 // logged and tombstoned on a best-effort basis.
 func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, *Session, error) {
+	if in.PLCOp != nil {
+		return s.createWithOp(ctx, in)
+	}
 	if in.DID != "" {
 		return s.createImported(ctx, in)
 	}
-	na, err := s.prepareNew(ctx, in)
+	na, err := s.prepareNew(ctx, in, "")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -168,9 +184,11 @@ func (s *Service) CreateAccount(ctx context.Context, in CreateInput) (*Account, 
 }
 
 // prepareNew checks in (checkNew), hashes its password and makes the
-// account's signing key: everything a new account needs before its
-// transaction.
-func (s *Service) prepareNew(ctx context.Context, in CreateInput) (*newAccount, error) {
+// account's signing key: the one reserveSigningKey promised reservedFor
+// (an existing DID, or the key that signed a genesis operation), or a
+// fresh one when reservedFor is empty. That is everything a new account
+// needs before its transaction.
+func (s *Service) prepareNew(ctx context.Context, in CreateInput, reservedFor syntax.DID) (*newAccount, error) {
 	na, err := s.checkNew(ctx, in)
 	if err != nil {
 		return nil, err
@@ -178,9 +196,8 @@ func (s *Service) prepareNew(ctx context.Context, in CreateInput) (*newAccount, 
 	if na.pwHash, err = s.hash.hash(ctx, in.Password); err != nil {
 		return nil, err
 	}
-	if did, perr := syntax.ParseDID(in.DID); perr == nil {
-		// An existing DID gets the key reserveSigningKey promised it.
-		na.key, err = s.keys.reserved(did)
+	if reservedFor != "" {
+		na.key, err = s.keys.reserved(reservedFor)
 	} else {
 		na.key, err = atcrypto.GeneratePrivateKeyK256()
 	}
@@ -194,9 +211,17 @@ func (s *Service) prepareNew(ctx context.Context, in CreateInput) (*newAccount, 
 // account's transaction: the rules, and whether the handle or the email is
 // taken already (the unique indexes still settle a race). A handle or
 // email held by in.DID's own account does not count: that account is
-// replaced (createImported).
+// replaced (createImported). With an existing DID, a handle outside the
+// server's domains is accepted when it resolves to that DID now
+// (CheckHandle through in.Handles), as the reference PDS accepts it.
 func (s *Service) checkNew(ctx context.Context, in CreateInput) (*newAccount, error) {
-	handle, err := s.NormalizeHandle(in.Handle)
+	var handle syntax.Handle
+	var err error
+	if in.DID != "" {
+		handle, err = s.CheckHandle(ctx, in.Handle, syntax.DID(in.DID), in.Handles)
+	} else {
+		handle, err = s.NormalizeHandle(in.Handle)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +292,9 @@ func uniqueViolation(err error, handle syntax.Handle, email string) error {
 	err = db.Translate(err)
 	if !errors.Is(err, db.ErrConflict) {
 		return fmt.Errorf("storing account: %w", err)
+	}
+	if strings.HasSuffix(db.ConstraintName(err), "pkey") {
+		return ruleErr(ErrAccountExists, "this DID already has an account here")
 	}
 	if strings.Contains(db.ConstraintName(err), "email") {
 		return ruleErr(ErrEmailTaken, "email %s is already used by another account", email)

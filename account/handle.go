@@ -36,6 +36,12 @@ func init() {
 // handle hosted here: under one of the server's handle domains, the part
 // before the domain 3–18 characters without dots, and not reserved.
 func (s *Service) NormalizeHandle(raw string) (syntax.Handle, error) {
+	return s.normalizeHandle(raw, false)
+}
+
+// normalizeHandle is NormalizeHandle; anyValid lets a reserved name
+// through.
+func (s *Service) normalizeHandle(raw string, anyValid bool) (syntax.Handle, error) {
 	h, err := syntax.ParseHandle(strings.TrimSpace(raw))
 	if err != nil {
 		return "", ruleErr(ErrInvalidHandle, "invalid handle %q: %v", raw, err)
@@ -57,7 +63,7 @@ func (s *Service) NormalizeHandle(raw string) (syntax.Handle, error) {
 		return "", ruleErr(ErrInvalidHandle, "handle %s is too short: use at least %d characters before the domain", h, MinHandleFrontLength)
 	case len(front) > MaxHandleFrontLength:
 		return "", ruleErr(ErrInvalidHandle, "handle %s is too long: use at most %d characters before the domain", h, MaxHandleFrontLength)
-	case reservedHandles[front]:
+	case reservedHandles[front] && !anyValid:
 		return "", ruleErr(ErrHandleNotAvailable, "handle %s is reserved", h)
 	}
 	return h, nil
@@ -94,9 +100,15 @@ var ErrHandleNotResolved = errors.New("external handle did not resolve to DID")
 // call, to did (ErrHandleNotResolved). Without a resolver only the
 // server's domains are accepted (ErrUnsupportedDomain).
 func (s *Service) CheckHandle(ctx context.Context, raw string, did syntax.DID, resolve HandleResolver) (syntax.Handle, error) {
+	return s.checkHandle(ctx, raw, did, resolve, false)
+}
+
+// checkHandle is CheckHandle; anyValid lets a reserved name under the
+// server's domains through.
+func (s *Service) checkHandle(ctx context.Context, raw string, did syntax.DID, resolve HandleResolver, anyValid bool) (syntax.Handle, error) {
 	h, err := syntax.ParseHandle(strings.TrimSpace(raw))
 	if err != nil || resolve == nil || s.IsHostedHandle(h) {
-		return s.NormalizeHandle(raw)
+		return s.normalizeHandle(raw, anyValid)
 	}
 	h = h.Normalize()
 	if !h.AllowedTLD() || h.IsInvalidHandle() {

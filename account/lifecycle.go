@@ -16,9 +16,12 @@ import (
 // The account lifecycle: handle changes, status changes and deletion, each
 // with the firehose events that tell consumers about it.
 
-// UpdateHandle changes did's handle: the PLC document first (inside the
-// transaction, so a directory failure changes nothing), then the row and
-// an #identity event. A handle outside the server's domains needs
+// UpdateHandle changes did's handle: for a did:plc, the PLC document
+// first (inside the transaction, so a directory failure changes nothing);
+// then the row and an #identity event. A did:web's document is its
+// owner's: it must name the new handle first already (read now through
+// the DocResolver ResolveDIDsWith gives; ErrIncompatibleDIDDoc
+// otherwise). A handle outside the server's domains needs
 // ResolveHandlesWith among opts, and is checked (CheckHandle) before
 // anything is locked.
 func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, opts ...WriteOption) (syntax.Handle, error) {
@@ -26,9 +29,14 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	handle, err := s.CheckHandle(ctx, raw, did, o.resolver)
+	handle, err := s.checkHandle(ctx, raw, did, o.resolver, o.anyHandle)
 	if err != nil {
 		return "", err
+	}
+	if did.Method() != "plc" {
+		if err := s.checkDeclaredHandle(ctx, did, handle, o.docs); err != nil {
+			return "", err
+		}
 	}
 	submitted := false
 	err = s.withPLCSlot(ctx, func() error {
@@ -41,10 +49,12 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, 
 				if _, err := tx.Exec(ctx, qSetHandle, did.String(), handle.String()); err != nil {
 					return uniqueViolation(err, handle, "")
 				}
-				if err := s.plc.UpdateHandle(ctx, did, handle); err != nil {
-					return err
+				if did.Method() == "plc" {
+					if err := s.plc.UpdateHandle(ctx, did, handle); err != nil {
+						return err
+					}
+					submitted = true
 				}
-				submitted = true
 			}
 			// An unchanged handle still emits #identity: clients call
 			// updateHandle to make relays re-verify a handle.
@@ -66,6 +76,20 @@ func (s *Service) UpdateHandle(ctx context.Context, did syntax.DID, raw string, 
 	s.wake()
 	s.log.Info("handle updated", "did", did, "handle", handle)
 	return handle, nil
+}
+
+// checkDeclaredHandle checks that the DID document of did, a did:web,
+// names handle first in alsoKnownAs now, as the reference PDS requires
+// before it takes a did:web's new handle.
+func (s *Service) checkDeclaredHandle(ctx context.Context, did syntax.DID, handle syntax.Handle, docs DocResolver) error {
+	h, err := s.currentHosting(ctx, did, docs)
+	if err != nil {
+		return err
+	}
+	if h.handle != handle {
+		return ruleErr(ErrIncompatibleDIDDoc, "DID is not properly configured for handle: the document of %s must list at://%s first in alsoKnownAs", did, handle)
+	}
+	return nil
 }
 
 // SetStatus moves did between active, deactivated and takendown, and

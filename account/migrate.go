@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -55,78 +54,96 @@ var (
 )
 
 // createImported creates the account of a DID another server hosts
-// (CreateInput.DID): the caller has checked that the requester controls the
-// DID with the service-auth JWT in.ServiceAuth describes, which is recorded
-// as used in the account's transaction (ErrServiceAuthReplayed if it was
-// used before). The account starts deactivated, with a fresh signing key,
-// an empty repository and a session; nothing is sent to the PLC directory
-// and no event is emitted, since the DID document still names the old
-// server until the user submits the operation that moves it, and Activate
-// announces the account. Invite rules apply as for any account.
+// (CreateInput.DID, a did:plc or a did:web): the caller has checked that
+// the requester controls the DID with the service-auth JWT in.ServiceAuth
+// describes, which is recorded as used in the account's transaction
+// (ErrServiceAuthReplayed if it was used before). The account starts
+// deactivated, with the signing key reserved for the DID, an empty
+// repository and a session; nothing is sent to the PLC directory and no
+// event is emitted, since the DID document still names the old server
+// until the user changes it (submitPlcOperation, or a did:web's own
+// did.json), and Activate announces the account. Invite rules apply as
+// for any account.
 //
 // An account of the same DID recorded as moved away (Deactivate) whose
 // document still names another server is replaced in the same
 // transaction; any other account of the DID is ErrAccountExists, notably
 // one created here for a move still in progress.
 func (s *Service) createImported(ctx context.Context, in CreateInput) (*Account, *Session, error) {
-	did, err := syntax.ParseDID(strings.TrimSpace(in.DID))
-	if err != nil || did.Method() != "plc" {
-		return nil, nil, ruleErr(ErrUnsupportedDID, "only an existing did:plc can be brought here, not %.100q", in.DID)
+	did, err := supportedDID(strings.TrimSpace(in.DID))
+	if err != nil {
+		return nil, nil, err
+	}
+	if did.Method() == "web" && in.DIDs == nil {
+		return nil, nil, ruleErr(ErrUnsupportedDID, "a did:web cannot be brought to this server")
 	}
 	in.DID = did.String()
 	if in.ServiceAuth == nil || in.ServiceAuth.Issuer != did.String() {
 		return nil, nil, fmt.Errorf("account: creating %s needs the service-auth JWT it issued", did)
 	}
-	na, err := s.prepareNew(ctx, in)
+	na, err := s.prepareNew(ctx, in, did)
 	if err != nil {
 		return nil, nil, err
 	}
-	if na.sealed, err = s.keys.seal(did, na.key); err != nil {
-		return nil, nil, err
-	}
-	log := s.log.With("did", did, "handle", na.handle)
 	var sess *Session
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := replay.Record(ctx, tx, *in.ServiceAuth, s.cfg.Now()); err != nil {
 			return err
 		}
-		if err := s.replaceStale(ctx, tx, did, log); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, qInsertImportedAccount, did.String(), na.handle.String(), na.email, na.pwHash, na.sealed); err != nil {
-			if strings.HasSuffix(db.ConstraintName(err), "pkey") {
-				return ruleErr(ErrAccountExists, "%s already has an account here", did)
-			}
-			return uniqueViolation(err, na.handle, na.email)
-		}
-		if na.invite != "" {
-			if err := useInvite(ctx, tx, na.invite, did); err != nil {
-				return err
-			}
-		}
-		if _, err := s.repo.InitRepo(ctx, tx, did, na.key); err != nil {
-			return err
-		}
-		if err := auditCreation(ctx, tx, in.Audit, did, na, StatusDeactivated); err != nil {
-			return err
-		}
 		var err error
-		sess, err = s.newSession(ctx, tx, did, nil)
+		sess, err = s.storeImported(ctx, tx, did, na, in)
 		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	return s.imported(did, na), sess, nil
+}
+
+// storeImported writes, inside tx, the deactivated account of did, an
+// existing DID moving here: it replaces an account left by an earlier
+// move away (replaceStale), inserts the row, spends the invite, makes the
+// empty repository, audits and opens a session.
+func (s *Service) storeImported(ctx context.Context, tx pgx.Tx, did syntax.DID, na *newAccount, in CreateInput) (*Session, error) {
+	var err error
+	if na.sealed, err = s.keys.seal(did, na.key); err != nil {
+		return nil, err
+	}
+	if err := s.replaceStale(ctx, tx, did, in.DIDs); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, qInsertImportedAccount, did.String(), na.handle.String(), na.email, na.pwHash, na.sealed); err != nil {
+		if strings.HasSuffix(db.ConstraintName(err), "pkey") {
+			return nil, ruleErr(ErrAccountExists, "%s already has an account here", did)
+		}
+		return nil, uniqueViolation(err, na.handle, na.email)
+	}
+	if na.invite != "" {
+		if err := useInvite(ctx, tx, na.invite, did); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := s.repo.InitRepo(ctx, tx, did, na.key); err != nil {
+		return nil, err
+	}
+	if err := auditCreation(ctx, tx, in.Audit, did, na, StatusDeactivated); err != nil {
+		return nil, err
+	}
+	return s.newSession(ctx, tx, did, nil)
+}
+
+// imported is the account storeImported wrote, once committed.
+func (s *Service) imported(did syntax.DID, na *newAccount) *Account {
 	s.keys.remember(did, na.key)
-	log.Info("account created for an existing DID, deactivated until it moves here")
-	return &Account{DID: did, Handle: na.handle, Email: na.email, Status: StatusDeactivated, CreatedAt: time.Now()}, sess, nil
+	s.log.Info("account created for an existing DID, deactivated until it moves here", "did", did, "handle", na.handle)
+	return &Account{DID: did, Handle: na.handle, Email: na.email, Status: StatusDeactivated, CreatedAt: time.Now()}
 }
 
 // replaceStale deletes did's account here, inside tx, when it is one left
 // behind by an earlier move away: recorded as moved away (Deactivate), and
-// the DID document still names another server. No account is fine; any
-// other is ErrAccountExists.
-func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, log *slog.Logger) error {
+// the DID document (read now; a did:web's through docs) still names
+// another server. No account is fine; any other is ErrAccountExists.
+func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, docs DocResolver) error {
 	var status string
 	var movedAway *time.Time
 	err := db.Translate(tx.QueryRow(ctx, qLockMoveState, did.String()).Scan(&status, &movedAway))
@@ -143,36 +160,37 @@ func (s *Service) replaceStale(ctx context.Context, tx pgx.Tx, did syntax.DID, l
 		return ruleErr(ErrAccountExists, "%s already has a deactivated account here that did not move away "+
 			"(a move here in progress, or deactivated by its owner): sign in with its password and go on with it", did)
 	}
-	op, _, err := s.plc.Last(ctx, did)
+	h, err := s.currentHosting(ctx, did, docs)
 	if err != nil {
 		return err
 	}
-	if op.Services[plc.ServiceID].Endpoint == s.cfg.PublicURL {
+	if h.endpoint == s.cfg.PublicURL {
 		return ruleErr(ErrAccountExists, "%s already has a deactivated account here, and its DID document names this server: sign in and activate it", did)
 	}
 	if err := s.deleteRows(ctx, tx, did); err != nil {
 		return err
 	}
-	log.Info("replacing the account left here by an earlier move away", "moved_away_at", movedAway)
+	s.log.Info("replacing the account left here by an earlier move away", "did", did, "moved_away_at", movedAway)
 	return nil
 }
 
 // Deactivate is com.atproto.server.deactivateAccount: did's account
 // becomes deactivated, with #account. When it was active and its DID
-// document names another server (the last step of a move away, after the
-// new server took the DID), it is recorded as moved away: a later
-// createAccount bringing the DID back here may then replace it. A
-// directory that cannot be read records nothing; the deactivation goes on.
-// A taken-down account stays taken down (deactivating is the last step of
-// moving away, which such an account may take, and must not lift the
-// takedown, whatever happened since the caller was authorised).
-func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
+// document (read now: a did:plc's last operation, a did:web's document
+// through docs) names another server (the last step of a move away,
+// after the new server took the DID), it is recorded as moved away: a
+// later createAccount bringing the DID back here may then replace it. A
+// document that cannot be read records nothing; the deactivation goes
+// on. A taken-down account stays taken down (deactivating is the last
+// step of moving away, which such an account may take, and must not lift
+// the takedown, whatever happened since the caller was authorised).
+func (s *Service) Deactivate(ctx context.Context, did syntax.DID, docs DocResolver) error {
 	elsewhere := false
-	op, _, err := s.plc.Last(ctx, did)
+	h, err := s.currentHosting(ctx, did, docs)
 	if err != nil {
 		s.log.Warn("deactivating without reading the DID document: not recorded as moved away", "did", did, "error", err)
 	} else {
-		elsewhere = op.Services[plc.ServiceID].Endpoint != s.cfg.PublicURL
+		elsewhere = h.endpoint != s.cfg.PublicURL
 	}
 	deactivate := func(from Status) Status {
 		if from == StatusTakendown {
@@ -187,7 +205,7 @@ func (s *Service) Deactivate(ctx context.Context, did syntax.DID) error {
 		if _, err := tx.Exec(ctx, qMarkMovedAway, did.String(), s.cfg.Now()); err != nil {
 			return db.Translate(err)
 		}
-		s.log.Info("account moved away", "did", did, "endpoint", op.Services[plc.ServiceID].Endpoint)
+		s.log.Info("account moved away", "did", did, "endpoint", h.endpoint)
 		return nil
 	}, nil)
 }
@@ -217,35 +235,6 @@ func (s *Service) Activate(ctx context.Context, did syntax.DID) error {
 	return nil
 }
 
-// CheckDIDDocument checks that did's current DID document (its last PLC
-// operation, read from the directory) makes this server the account's
-// PDS: this server's rotation key among the rotation keys, the
-// atproto_pds service at this server's URL, and the account's signing key
-// as the atproto verification method. A mismatch is ErrIncompatibleDIDDoc
-// saying what differs; a directory failure is plc.ErrDirectory.
-func (s *Service) CheckDIDDocument(ctx context.Context, did syntax.DID) error {
-	op, _, err := s.plc.Last(ctx, did)
-	if errors.Is(err, plc.ErrTombstoned) {
-		return ruleErr(ErrIncompatibleDIDDoc, "%s is tombstoned in the PLC directory", did)
-	}
-	if err != nil {
-		return err
-	}
-	pub, err := s.PublicKey(ctx, did)
-	if err != nil {
-		return err
-	}
-	switch svc := op.Services[plc.ServiceID]; {
-	case !s.plc.Controls(op):
-		return ruleErr(ErrIncompatibleDIDDoc, "this server's rotation key is not among the rotation keys of %s", did)
-	case svc.Endpoint != s.cfg.PublicURL:
-		return ruleErr(ErrIncompatibleDIDDoc, "the DID document's atproto_pds endpoint is %.200q, not this server (%s)", svc.Endpoint, s.cfg.PublicURL)
-	case op.VerificationMethods[plc.VerificationMethod] != pub.DIDKey():
-		return ruleErr(ErrIncompatibleDIDDoc, "the DID document's signing key is not the account's key on this server")
-	}
-	return nil
-}
-
 // mailTokens checks the codes requestPlcOperationSignature mails.
 func (s *Service) mailTokens() email.Tokens { return email.Tokens{Now: s.cfg.Now} }
 
@@ -255,8 +244,12 @@ func (s *Service) mailTokens() email.Tokens { return email.Tokens{Now: s.cfg.Now
 // requestPlcOperationSignature mailed (purpose plc_operation); it is used
 // up only if the operation is signed (email.ErrTokenInvalid or
 // email.ErrTokenExpired otherwise). This server's rotation key must be
-// among the DID's current rotation keys (else plc.ErrNotControlled).
+// among the DID's current rotation keys (else plc.ErrNotControlled); a DID
+// that is not a did:plc is ErrNotPLC.
 func (s *Service) SignPLCOperation(ctx context.Context, did syntax.DID, token string, o plc.Overrides) (*didplc.RegularOp, error) {
+	if err := requirePLC(did); err != nil {
+		return nil, err
+	}
 	var op *didplc.RegularOp
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := s.mailTokens().Consume(ctx, tx, did, email.PurposePLCOperation, token); err != nil {
@@ -280,8 +273,12 @@ func (s *Service) SignPLCOperation(ctx context.Context, did syntax.DID, token st
 // sent): this server's rotation key among its rotation keys, atproto_pds
 // at this server's URL, the account's signing key as atproto, and at://
 // the account's handle first in alsoKnownAs. A malformed op is
-// plc.ErrInvalidOperation; one the directory refuses is plc.ErrRejected.
+// plc.ErrInvalidOperation; one the directory refuses is plc.ErrRejected; a
+// DID that is not a did:plc is ErrNotPLC.
 func (s *Service) SubmitPLCOperation(ctx context.Context, did syntax.DID, op *didplc.RegularOp) error {
+	if err := requirePLC(did); err != nil {
+		return err
+	}
 	if err := plc.CheckOperation(op); err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func TestCreateImportedRefusals(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, StatusDeactivated, b.Status)
 	require.NotEmpty(t, sess.AccessJwt)
-	require.Error(t, s.CheckDIDDocument(ctx, b.DID))
+	require.Error(t, s.CheckDIDDocument(ctx, b.DID, nil))
 }
 
 func TestPreferenceRules(t *testing.T) {

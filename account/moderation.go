@@ -51,12 +51,29 @@ type writeOptions struct {
 	// resolver checks handles outside the server's domains
 	// (ResolveHandlesWith).
 	resolver HandleResolver
+	// docs reads did:web documents (ResolveDIDsWith).
+	docs DocResolver
+	// anyHandle lifts the reserved names (AnyValidHandle).
+	anyHandle bool
 }
 
 // ResolveHandlesWith lets UpdateHandle accept a handle outside the
 // server's domains that r resolves to the account's DID (CheckHandle).
 func ResolveHandlesWith(r HandleResolver) WriteOption {
 	return func(o *writeOptions) { o.resolver = r }
+}
+
+// ResolveDIDsWith lets UpdateHandle read a did:web's document through d
+// (a did:web account's handle must be declared by its document).
+func ResolveDIDsWith(d DocResolver) WriteOption {
+	return func(o *writeOptions) { o.docs = d }
+}
+
+// AnyValidHandle lets UpdateHandle give a reserved name under the
+// server's domains (an administrator's change, as the reference PDS's
+// allowAnyValid).
+func AnyValidHandle() WriteOption {
+	return func(o *writeOptions) { o.anyHandle = true }
 }
 
 // Also runs fn inside the change's transaction, after the change, even

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -225,6 +226,15 @@ func (d *Directory) Purge(_ context.Context, atid syntax.AtIdentifier) error {
 	return nil
 }
 
+// Refresh fetches did's document now, whatever the cache holds, and
+// caches the answer: for a check that must see the document as it stands
+// (a did:web the user has just edited), and so that later lookups see it
+// too.
+func (d *Directory) Refresh(ctx context.Context, did syntax.DID) (*identity.DIDDocument, error) {
+	d.docs.purge(did)
+	return d.ResolveDID(ctx, did)
+}
+
 func (d *Directory) fetchDID(ctx context.Context, did syntax.DID) (*identity.DIDDocument, error) {
 	var body []byte
 	var err error
@@ -286,15 +296,14 @@ func validPLCIdentifier(id string) bool {
 	return true
 }
 
-// fetchWeb fetches https://<host>/.well-known/did.json through the guard,
-// following no redirects. As atproto requires, only hostname did:webs are
-// accepted (no port, no path).
+// fetchWeb fetches did's /.well-known/did.json through the guard,
+// following no redirects (WebDocURL says where).
 func (d *Directory) fetchWeb(ctx context.Context, did syntax.DID) ([]byte, error) {
-	host, err := syntax.ParseHandle(did.Identifier())
-	if err != nil || !host.AllowedTLD() {
-		return nil, fmt.Errorf("%w: %s is not a hostname did:web", ErrDIDNotFound, did)
+	u, err := WebDocURL(did)
+	if err != nil {
+		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host.Normalize().String()+"/.well-known/did.json", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrDIDResolutionFailed, err)
 	}
@@ -309,6 +318,42 @@ func (d *Directory) fetchWeb(ctx context.Context, did syntax.DID) ([]byte, error
 	}
 	defer resp.Body.Close()
 	return readDIDDoc(resp, resp.Body, "did:web host")
+}
+
+// WebDocURL is where a did:web's document lives, as atproto resolves it:
+// https://<host>/.well-known/did.json for a hostname did:web (no port, no
+// path, a top-level domain handles may use), and, for development,
+// http://localhost[:<port>]/.well-known/did.json for did:web:localhost
+// with an optional port (written %3A), as the reference implementation
+// does. Any other did:web is ErrDIDNotFound. The URL still goes through
+// the guard: localhost only where the operator allows loopback.
+func WebDocURL(did syntax.DID) (string, error) {
+	notWeb := fmt.Errorf("%w: %.200s is not a hostname did:web", ErrDIDNotFound, did)
+	if did.Method() != "web" {
+		return "", notWeb
+	}
+	id := strings.ReplaceAll(did.Identifier(), "%3a", "%3A")
+	if host, port, ok := strings.Cut(id, "%3A"); ok || strings.EqualFold(id, "localhost") {
+		if !strings.EqualFold(host, "localhost") || (ok && !validPort(port)) {
+			return "", notWeb
+		}
+		u := "http://localhost"
+		if ok {
+			u += ":" + port
+		}
+		return u + "/.well-known/did.json", nil
+	}
+	host, err := syntax.ParseHandle(id)
+	if err != nil || !host.AllowedTLD() {
+		return "", notWeb
+	}
+	return "https://" + host.Normalize().String() + "/.well-known/did.json", nil
+}
+
+// validPort: a decimal TCP port, 1–65535, without leading zeros.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n > 0 && n <= 65535 && strconv.Itoa(n) == p
 }
 
 // readDIDDoc reads a document response of at most MaxDIDDocBytes.

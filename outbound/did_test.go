@@ -230,3 +230,109 @@ func TestServiceEndpoint(t *testing.T) {
 	_, ok := ServiceEndpoint(nil, "x")
 	require.False(t, ok)
 }
+
+// did:web:localhost, with a port written %3A, is fetched over plain http
+// as the reference implementation fetches it, and only where the guard
+// lets loopback through; other ports, paths and spellings are not
+// did:webs atproto resolves.
+func TestDirectoryDIDWebLocalhost(t *testing.T) {
+	t.Parallel()
+	var doc atomic.Value
+	s := startServer(t, "127.0.0.1", false, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/.well-known/did.json" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(doc.Load().(string)))
+	}))
+	did := syntax.DID("did:web:localhost%3A" + s.port())
+	doc.Store(`{"id":"` + did.String() + `","service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":"https://one.example.com"}]}`)
+	r := &fakeResolver{hosts: map[string][]netip.Addr{"localhost": addrs("127.0.0.1")}}
+	ctx := context.Background()
+
+	allowed := NewDirectory(DirectoryConfig{PLCURL: "http://plc.invalid"}, newTestClient(t, Config{Resolver: r, AllowCIDRs: prefixes("127.0.0.0/8")}, nil))
+	got, err := allowed.ResolveDID(ctx, did)
+	require.NoError(t, err)
+	ep, _ := ServiceEndpoint(got, "atproto_pds")
+	require.Equal(t, "https://one.example.com", ep)
+
+	// The user edits the document: a lookup may answer from the cache,
+	// Refresh fetches it again and the cache follows.
+	doc.Store(`{"id":"` + did.String() + `","service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":"https://two.example.com"}]}`)
+	got, err = allowed.ResolveDID(ctx, did)
+	require.NoError(t, err)
+	ep, _ = ServiceEndpoint(got, "atproto_pds")
+	require.Equal(t, "https://one.example.com", ep, "cached")
+	got, err = allowed.Refresh(ctx, did)
+	require.NoError(t, err)
+	ep, _ = ServiceEndpoint(got, "atproto_pds")
+	require.Equal(t, "https://two.example.com", ep)
+	got, err = allowed.ResolveDID(ctx, did)
+	require.NoError(t, err)
+	ep, _ = ServiceEndpoint(got, "atproto_pds")
+	require.Equal(t, "https://two.example.com", ep, "the refreshed document is cached")
+
+	// Without loopback allowed, the guard refuses, and it reads as "not
+	// found"; nothing reaches the server.
+	before := s.accepts.Load()
+	closed := NewDirectory(DirectoryConfig{PLCURL: "http://plc.invalid"}, newTestClient(t, Config{Resolver: r}, nil))
+	_, err = closed.ResolveDID(ctx, did)
+	require.ErrorIs(t, err, ErrDIDNotFound)
+	require.True(t, Refused(err))
+	require.Equal(t, before, s.accepts.Load())
+
+	for _, bad := range []syntax.DID{"did:web:localhost%3A0", "did:web:localhost%3A65536", "did:web:localhost%3A080",
+		"did:web:localhost%3A", "did:web:example.com%3A8443", "did:web:localhost%3A2583:alice", "did:web:127.0.0.1%3A2583"} {
+		_, err := WebDocURL(bad)
+		require.ErrorIs(t, err, ErrDIDNotFound, bad)
+	}
+	for did, want := range map[syntax.DID]string{
+		"did:web:localhost":                "http://localhost/.well-known/did.json",
+		"did:web:localhost%3a2583":         "http://localhost:2583/.well-known/did.json",
+		"did:web:Alice.Example.COM":        "https://alice.example.com/.well-known/did.json",
+		"did:plc:ewvi7nxzyoun6zhxrhs64oiz": "",
+	} {
+		u, err := WebDocURL(did)
+		if want == "" {
+			require.Error(t, err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, want, u)
+	}
+}
+
+// A did:web host cannot make the server read more than MaxDIDDocBytes,
+// nor hold it past the client's timeout.
+func TestDirectoryDIDWebBounds(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	mux := http.NewServeMux()
+	mux.HandleFunc("/huge/.well-known/did.json", func(w http.ResponseWriter, r *http.Request) {
+		big := make([]byte, MaxDIDDocBytes+1)
+		for i := range big {
+			big[i] = ' '
+		}
+		_, _ = w.Write(big)
+	})
+	mux.HandleFunc("/slow/.well-known/did.json", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	s := startServer(t, "127.0.0.2", true, hostRouter(mux))
+	r := &fakeResolver{hosts: map[string][]netip.Addr{}}
+	ports := map[string]string{}
+	for _, n := range []string{"huge", "slow"} {
+		r.hosts[n+".example.com"] = addrs("127.0.0.2")
+		ports[n+".example.com:443"] = s.port()
+	}
+	web := newTestClient(t, Config{RootCAs: s.pool(), Resolver: r, AllowCIDRs: prefixes("127.0.0.2/32"), Timeout: 200 * time.Millisecond}, ports)
+	dir := NewDirectory(DirectoryConfig{PLCURL: "http://plc.invalid"}, web)
+	for _, did := range []syntax.DID{"did:web:huge.example.com", "did:web:slow.example.com"} {
+		_, err := dir.ResolveDID(context.Background(), did)
+		require.ErrorIs(t, err, ErrDIDResolutionFailed, did)
+	}
+}

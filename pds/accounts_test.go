@@ -204,7 +204,7 @@ func TestCreateAccountRefusals(t *testing.T) {
 		{"bad email", map[string]any{"handle": "alice.test", "email": "not an email", "password": "long enough"}, 400, "InvalidRequest"},
 		{"email taken", map[string]any{"handle": "alice.test", "email": "user" + strings.TrimSuffix(strings.TrimPrefix(u.handle, "user"), ".test") + "@example.com", "password": "long enough"}, 400, "InvalidRequest"},
 		{"existing DID without a service-auth JWT", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "did": "did:web:example.com"}, 401, "AuthenticationRequired"},
-		{"plcOp", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "plcOp": map[string]any{}}, 400, "InvalidRequest"},
+		{"plcOp", map[string]any{"handle": "alice.test", "email": "a@example.com", "password": "long enough", "plcOp": map[string]any{}}, 400, "IncompatibleDidDoc"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -295,8 +295,11 @@ func TestAppPasswords(t *testing.T) {
 	e.post(t, "com.atproto.server.createAppPassword", appAccess, map[string]any{"name": "sneaky"}).fails(t, 400, "InvalidToken")
 	e.get(t, "com.atproto.server.listAppPasswords", appAccess, nil).fails(t, 400, "InvalidToken")
 	e.post(t, "com.atproto.server.deactivateAccount", appAccess, map[string]any{}).fails(t, 400, "InvalidToken")
-	e.post(t, "com.atproto.identity.updateHandle", appAccess, map[string]any{"handle": "renamed.test"}).fails(t, 400, "InvalidToken")
 	require.Equal(t, before, e.rowCounts(t))
+	// Changing the handle is for app passwords too, as on the reference
+	// PDS.
+	e.post(t, "com.atproto.identity.updateHandle", appAccess, map[string]any{"handle": "renamed.test"}).ok(t)
+	require.Equal(t, "renamed.test", e.get(t, "com.atproto.server.getSession", appAccess, nil).ok(t).str(t, "handle"))
 
 	// Refreshing keeps the restricted scope.
 	r := e.post(t, "com.atproto.server.refreshSession", appRefresh, nil).ok(t)

@@ -223,16 +223,21 @@ func (s *Server) handleAdminUpdateAccountHandle(w http.ResponseWriter, r *http.R
 	if err != nil {
 		return InvalidRequest("did: %v", err)
 	}
-	handle, err := s.accounts.NormalizeHandle(in.Handle)
+	handle, err := syntax.ParseHandle(strings.TrimSpace(in.Handle))
 	if err != nil {
-		return err
+		return newError(http.StatusBadRequest, "InvalidHandle", "invalid handle %q: %v", clip(in.Handle, maxQuoted), err)
 	}
+	handle = handle.Normalize()
 	a, err := s.accounts.Get(r.Context(), did)
 	if err != nil {
 		return err
 	}
+	// As the reference PDS's admin method: any valid handle, a reserved
+	// name under the server's domains too, and any other domain that
+	// resolves to the account now.
 	opt := audited("updateAccountHandle", did.String(), map[string]any{"handle": a.Handle}, map[string]any{"handle": handle})
-	_, err = s.accounts.UpdateHandle(r.Context(), did, handle.String(), opt)
+	_, err = s.accounts.UpdateHandle(r.Context(), did, handle.String(), opt, account.AnyValidHandle(),
+		account.ResolveHandlesWith(s.outbound), account.ResolveDIDsWith(s.dids))
 	if err := s.adminDone(r.Context(), "updateAccountHandle", did.String(), err); err != nil {
 		return err
 	}

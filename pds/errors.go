@@ -203,6 +203,9 @@ var domainErrors = []errorMapping{
 	{sentinel: account.ErrAccountNotFound, status: http.StatusBadRequest, name: "AccountNotFound"},
 	{sentinel: account.ErrAccountExists, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrIncompatibleDIDDoc, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrIncompatiblePLCOp, status: http.StatusBadRequest, name: "IncompatibleDidDoc"},
+	{sentinel: account.ErrDIDNotResolved, status: http.StatusBadRequest, name: "InvalidRequest"},
+	{sentinel: account.ErrNotPLC, status: http.StatusBadRequest, name: "InvalidRequest"},
 	{sentinel: account.ErrServiceAuthReplayed, status: http.StatusUnauthorized, name: "JwtReplayed", build: func(err error) *XRPCError {
 		e := newError(http.StatusUnauthorized, "JwtReplayed", "this service-auth JWT was used already: each works once; get a new one (com.atproto.server.getServiceAuth on the account's current server)")
 		e.Err = err

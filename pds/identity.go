@@ -114,8 +114,11 @@ func handleNotFound() *XRPCError {
 	return newError(http.StatusBadRequest, "HandleNotFound", "Unable to resolve handle")
 }
 
+// handleUpdateHandle answers com.atproto.identity.updateHandle. App
+// passwords may call it, as on the reference PDS (its authVerifier's
+// standard access).
 func (s *Server) handleUpdateHandle(w http.ResponseWriter, r *http.Request) error {
-	auth, err := s.requireAuth(r, fullAccessOnly(), oauthIdentity("handle"))
+	auth, err := s.requireAuth(r, oauthIdentity("handle"))
 	if err != nil {
 		return err
 	}
@@ -133,8 +136,9 @@ func (s *Server) handleUpdateHandle(w http.ResponseWriter, r *http.Request) erro
 	}
 	// A domain of the user's own is resolved now, through the guarded
 	// client (its DNS and request timeouts bound it) and without the
-	// directory's cache, and must name the caller's DID.
-	if _, err := s.accounts.UpdateHandle(r.Context(), auth.DID, in.Handle, account.ResolveHandlesWith(s.outbound)); err != nil {
+	// directory's cache, and must name the caller's DID; a did:web's
+	// document must name the handle.
+	if _, err := s.accounts.UpdateHandle(r.Context(), auth.DID, in.Handle, account.ResolveHandlesWith(s.outbound), account.ResolveDIDsWith(s.dids)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)

@@ -31,6 +31,14 @@ type goatMoveInput struct {
 // logged in to onto in.NewHost. It returns the new server's
 // checkAccountStatus as it was before the identity moved.
 func goatMove(ctx context.Context, old *atclient.APIClient, in goatMoveInput) (*comatproto.ServerCheckAccountStatus_Output, error) {
+	return moveSteps(ctx, old, in, func(ctx context.Context, old, newClient *atclient.APIClient) error {
+		return goatMoveIdentity(ctx, old, newClient, in.PLCToken)
+	})
+}
+
+// moveSteps is goat's sequence with moveIdentity as its identity step
+// (for a did:web, the holder edits its document instead).
+func moveSteps(ctx context.Context, old *atclient.APIClient, in goatMoveInput, moveIdentity func(ctx context.Context, old, newClient *atclient.APIClient) error) (*comatproto.ServerCheckAccountStatus_Output, error) {
 	did := *old.AccountDID
 	newClient := atclient.NewAPIClient(in.NewHost)
 	desc, err := comatproto.ServerDescribeServer(ctx, newClient)
@@ -67,7 +75,7 @@ func goatMove(ctx context.Context, old *atclient.APIClient, in goatMoveInput) (*
 	if err != nil {
 		return nil, fmt.Errorf("checkAccountStatus: %w", err)
 	}
-	if err := goatMoveIdentity(ctx, old, newClient, in.PLCToken); err != nil {
+	if err := moveIdentity(ctx, old, newClient); err != nil {
 		return nil, err
 	}
 	if err := comatproto.ServerActivateAccount(ctx, newClient); err != nil {

@@ -52,6 +52,13 @@ func newMovePair(t *testing.T) *movePair {
 
 func newMoveServer(t *testing.T, name string, dir *plctest.Directory) *moveServer {
 	t.Helper()
+	return newMoveServerWith(t, name, dir, nil)
+}
+
+// newMoveServerWith is newMoveServer with more adjusted in its Options
+// (nil: nothing).
+func newMoveServerWith(t *testing.T, name string, dir *plctest.Directory, more func(*Options)) *moveServer {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -59,7 +66,12 @@ func newMoveServer(t *testing.T, name string, dir *plctest.Directory) *moveServe
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	hub := firehose.NewHub(pool, firehose.Config{Logger: logger})
 	wg.Go(func() { _ = hub.Run(ctx) })
-	e := newAccountEnv(t, envOptions{plcHandler: dir, blobs: true, pool: pool, sequence: true, options: func(o *Options) { o.Firehose = hub }})
+	e := newAccountEnv(t, envOptions{plcHandler: dir, blobs: true, pool: pool, sequence: true, options: func(o *Options) {
+		o.Firehose = hub
+		if more != nil {
+			more(o)
+		}
+	}})
 	s := &moveServer{accountEnv: e, name: name, stream: &moveStream{events: make(chan moveEvent, 1024)}}
 	conn, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(e.url, "http")+"/xrpc/com.atproto.sync.subscribeRepos", nil)
 	require.NoError(t, err)

@@ -45,7 +45,7 @@ func TestReserveSigningKey(t *testing.T) {
 	// with the key reserved for it.
 	acct, _, err := e.accounts.CreateAccount(context.Background(), account.CreateInput{
 		DID: did, Handle: "mover.test", Email: "mover@example.com", Password: "correct horse battery",
-		ServiceAuth: &account.ServiceAuthUse{Purpose: "com.atproto.server.createAccount", Issuer: did, ID: "reserve-test", Expires: time.Now().Add(time.Minute)},
+		ServiceAuth: &account.ServiceAuthUse{Purpose: createAccountNSID, Issuer: did, ID: "reserve-test", Expires: time.Now().Add(time.Minute)},
 	})
 	require.NoError(t, err)
 	pub, err := e.accounts.PublicKey(context.Background(), acct.DID)

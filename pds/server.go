@@ -202,6 +202,10 @@ type Server struct {
 	accounts  *account.Service
 	repo      *repo.Engine
 	directory identityResolver
+	// dids fetches did:web documents as they stand now (accounts moving
+	// in, activation, handles of did:web accounts); it refreshes the
+	// directory's cache as it goes.
+	dids account.DocResolver
 	// serviceAuth checks service-auth JWTs addressed to this server
 	// (createAccount for an existing DID).
 	serviceAuth *auth.ServiceAuthValidator
@@ -277,7 +281,7 @@ func New(opts Options) (*Server, error) {
 	s.outbound = newOutbound(opts, logger)
 	s.crawlers = newCrawlersClient(opts.Config, logger)
 	dir := newDirectory(opts.Config, s.outbound, logger)
-	s.accounts, s.repo, s.directory = opts.Accounts, opts.Repo, dir
+	s.accounts, s.repo, s.directory, s.dids = opts.Accounts, opts.Repo, dir, dir
 	s.serviceAuth = newServiceAuthValidator(opts.Config, dir)
 	s.replay = replay.New(opts.DB)
 	s.blobs = opts.Blobs

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	didplc "github.com/did-method-plc/go-didplc"
 
 	"github.com/bulwark-pds/bulwark/account"
 	"github.com/bulwark-pds/bulwark/audit"
@@ -76,6 +77,20 @@ type createAccountInput struct {
 	PlcOp       json.RawMessage `json:"plcOp"`
 }
 
+// parsePLCOp reads createAccount's plcOp: absent or null is nil; anything
+// else must be a PLC operation of type plc_operation (the account's
+// checks come later: account.CreateInput.PLCOp).
+func parsePLCOp(raw json.RawMessage) (*didplc.RegularOp, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var op didplc.RegularOp
+	if err := json.Unmarshal(raw, &op); err != nil || op.Type != "plc_operation" {
+		return nil, newError(http.StatusBadRequest, "IncompatibleDidDoc", "invalid plc operation: plcOp must be a signed plc_operation")
+	}
+	return &op, nil
+}
+
 type createAccountOutput struct {
 	AccessJwt  string       `json:"accessJwt"`
 	RefreshJwt string       `json:"refreshJwt"`
@@ -92,8 +107,9 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 	if err := decodeJSON(r, &in); err != nil {
 		return err
 	}
-	if len(in.PlcOp) > 0 && string(in.PlcOp) != "null" {
-		return InvalidRequest("unsupported input: plcOp (bringing a PLC operation is not supported)")
+	op, err := parsePLCOp(in.PlcOp)
+	if err != nil {
+		return err
 	}
 	if in.Handle == "" {
 		return newError(http.StatusBadRequest, "InvalidHandle", "handle is required")
@@ -111,17 +127,20 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 		e = &audit.Entry{Actor: adminActor, Action: "com.atproto.server.createAccount"}
 	}
 	var use *account.ServiceAuthUse
-	if in.DID != "" {
+	if in.DID != "" && op == nil {
 		// An account moving here: the requester must prove control of
-		// the DID before anything is stored.
-		var err error
+		// the DID before anything is stored. (With a plcOp, the
+		// operation, signed by a rotation key of the DID, is the proof.)
 		if use, err = s.verifyMigrationAuth(r, in.DID); err != nil {
 			return err
 		}
 	}
 	a, sess, err := s.accounts.CreateAccount(r.Context(), account.CreateInput{
 		Handle: in.Handle, Email: in.Email, Password: in.Password, InviteCode: in.InviteCode, DID: in.DID, Audit: e, ServiceAuth: use,
-		RecoveryKey: in.RecoveryKey,
+		RecoveryKey: in.RecoveryKey, PLCOp: op,
+		// A handle of the user's own domain is checked as it resolves
+		// now, through the guarded client and without a cache.
+		Handles: account.HandleResolver(s.outbound), DIDs: s.dids,
 	})
 	if err != nil {
 		return err
@@ -130,9 +149,9 @@ func (s *Server) handleCreateAccount(w http.ResponseWriter, r *http.Request) err
 		s.logger.Info("admin write", "method", e.Action, "subject", e.Subject, "request_id", RequestID(r.Context()))
 	}
 	var doc *didDocument
-	if in.DID == "" {
+	if a.Active() {
 		// A moving account's document still names its old server until
-		// submitPlcOperation; none is made up for it.
+		// it is changed; none is made up for it.
 		if doc, err = s.didDoc(r.Context(), a); err != nil {
 			return err
 		}
@@ -341,7 +360,7 @@ func (s *Server) handleActivateAccount(w http.ResponseWriter, r *http.Request) e
 	// As the reference PDS does: an account whose DID document does not
 	// name this server (a move not finished) is not announced as hosted
 	// here.
-	if err := s.accounts.CheckDIDDocument(r.Context(), auth.DID); err != nil {
+	if err := s.accounts.CheckDIDDocument(r.Context(), auth.DID, s.dids); err != nil {
 		return err
 	}
 	if err := s.accounts.Activate(r.Context(), auth.DID); err != nil {
@@ -372,7 +391,7 @@ func (s *Server) handleDeactivateAccount(w http.ResponseWriter, r *http.Request)
 			return InvalidRequest("deleteAfter %q is not a datetime", in.DeleteAfter)
 		}
 	}
-	if err := s.accounts.Deactivate(r.Context(), auth.DID); err != nil {
+	if err := s.accounts.Deactivate(r.Context(), auth.DID, s.dids); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusOK)
@@ -400,7 +419,7 @@ func (s *Server) handleCheckAccountStatus(w http.ResponseWriter, r *http.Request
 	out := checkAccountStatusOutput{Activated: auth.Status == account.StatusActive}
 	// validDid: whether the DID document makes this server the account's
 	// PDS (false too when the directory cannot be reached).
-	out.ValidDid = s.accounts.CheckDIDDocument(ctx, auth.DID) == nil
+	out.ValidDid = s.accounts.CheckDIDDocument(ctx, auth.DID, s.dids) == nil
 	if s.repo != nil {
 		head, err := s.repo.GetHead(ctx, auth.DID)
 		if err != nil {

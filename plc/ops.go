@@ -201,12 +201,21 @@ func (c *Client) SignUpdate(ctx context.Context, did syntax.DID, o Overrides) (*
 }
 
 // CheckOperation checks that op is a well-formed, signed update
-// operation: type plc_operation, a prev, 1–MaxRotationKeys distinct
-// rotation keys that parse as did:key, verification methods that look
-// like did:key, services with a type and an endpoint, every field within
-// its bound. It does not verify the signature (the directory does, against
-// the log).
+// operation: a prev, and everything CheckSigned checks. It does not verify
+// the signature (the directory does, against the log).
 func CheckOperation(op *didplc.RegularOp) error {
+	if op != nil && (op.Prev == nil || *op.Prev == "") {
+		return fmt.Errorf("%w: an update needs prev (the CID of the operation it follows)", ErrInvalidOperation)
+	}
+	return CheckSigned(op)
+}
+
+// CheckSigned checks that op is a well-formed, signed operation, a
+// genesis (no prev) or an update: type plc_operation, 1–MaxRotationKeys
+// distinct rotation keys that parse as did:key, verification methods that
+// look like did:key, services with a type and an endpoint, every field
+// within its bound. It does not verify the signature.
+func CheckSigned(op *didplc.RegularOp) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidOperation, fmt.Sprintf(format, args...))
 	}
@@ -215,8 +224,8 @@ func CheckOperation(op *didplc.RegularOp) error {
 		return bad("no operation")
 	case op.Type != "plc_operation":
 		return bad("type must be plc_operation, not %q", op.Type)
-	case op.Prev == nil || *op.Prev == "":
-		return bad("an update needs prev (the CID of the operation it follows)")
+	case op.Prev != nil && *op.Prev == "":
+		return bad("prev is empty: a genesis operation has prev null")
 	case op.Sig == nil || *op.Sig == "":
 		return bad("the operation is not signed")
 	case len(op.RotationKeys) == 0 || len(op.RotationKeys) > MaxRotationKeys:
