@@ -18,7 +18,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bulwark-pds/bulwark/internal/dnstest"
+	"github.com/bulwark-pds/bulwark/internal/devdns"
 	"github.com/bulwark-pds/bulwark/outbound"
 	"github.com/bulwark-pds/bulwark/plc/plctest"
 )
@@ -31,7 +31,7 @@ import (
 // (as --proxy-allow-private allows), so 127.0.0.2 stands for a private
 // address nobody allowed.
 type webWorld struct {
-	dns *dnstest.Server
+	dns *devdns.Server
 	// client is the outbound client the servers under test use.
 	client *outbound.Client
 	// private serves on 127.0.0.2; it must never be reached.
@@ -53,7 +53,7 @@ var webNames = []string{"alice.example.com", "bob.example.com", "carol.example.c
 
 func newWebWorld(t *testing.T) *webWorld {
 	t.Helper()
-	w := &webWorld{dns: dnstest.Start(t), docs: map[string][]byte{}, asked: map[string]int{}, slow: make(chan struct{})}
+	w := &webWorld{dns: startDNS(t), docs: map[string][]byte{}, asked: map[string]int{}, slow: make(chan struct{})}
 	t.Cleanup(func() { close(w.slow) })
 	ln, err := net.Listen("tcp", "127.0.0.2:0")
 	require.NoError(t, err)
@@ -74,7 +74,7 @@ func newWebWorld(t *testing.T) *webWorld {
 	port := strconv.Itoa(web.Listener.Addr().(*net.TCPAddr).Port)
 	ports := map[string]string{}
 	for _, n := range webNames {
-		w.dns.SetA(n, netip.MustParseAddr("127.0.0.1"))
+		w.dns.SetAddr(n, netip.MustParseAddr("127.0.0.1"))
 		ports[n+":443"] = port
 	}
 	w.client = outbound.New(outbound.Config{
