@@ -1,11 +1,14 @@
 package console
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
 
@@ -39,4 +42,19 @@ func WatchSources(l *eventlog.Log) (relaywatch.HeadFunc, relaywatch.EventFunc) {
 		return relaywatch.EventInfo{}, eventlog.ErrNoEvent
 	}
 	return head, at
+}
+
+// aheadConsumers picks the consumers refused with FutureCursor, the
+// highest cursor first (the one raise-seq must pass).
+func aheadConsumers(all []firehose.ConsumerReport) []firehose.ConsumerReport {
+	var out []firehose.ConsumerReport
+	for _, c := range all {
+		if c.FutureCursor != nil {
+			out = append(out, c)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b firehose.ConsumerReport) int {
+		return cmp.Compare(b.FutureCursor.Cursor, a.FutureCursor.Cursor)
+	})
+	return out
 }

@@ -57,7 +57,10 @@ func newAlerts(cfg *config.Config, logger *slog.Logger) (*alert.Webhook, []servi
 }
 
 // consumerStuckAlert is firehose.HealthConfig.OnStuck: a stuck consumer
-// becomes an alert.
+// becomes an alert. Its incident is the event it is stuck on, as is that of
+// the relay watch's relay_stuck alert for a relay stuck there: one
+// incident, one alert, whichever sees it first (consumer health, at once;
+// the relay watch, within two checks).
 func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 	return func(r firehose.ConsumerReport) {
 		summary := fmt.Sprintf("firehose consumer %s (%s) keeps reconnecting at cursor %d and cannot get past seq %d",
@@ -69,11 +72,28 @@ func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 			}
 			summary += ")"
 		}
-		summary += fmt.Sprintf("; repair: bulwark admin firehose rewrite-as-sync --seq %d", r.Stuck.Seq)
+		summary += "; repair: " + r.Stuck.Command
 		hook.Send(alert.Alert{
-			Kind: alert.KindConsumerStuck, Subject: r.IP + " " + r.UserAgent, Severity: alert.SeverityCritical,
-			Summary: summary, Details: r.Stuck,
+			Kind: alert.KindConsumerStuck, Subject: r.IP + " " + r.UserAgent, Incident: alert.StuckIncident(r.Stuck.Seq),
+			Severity: alert.SeverityCritical, Summary: summary, Details: r.Stuck,
 		})
+	}
+}
+
+// relayAlerter sends the relay watch's incidents to hook; a stuck relay's
+// incident is the event it cannot pass (see consumerStuckAlert).
+func relayAlerter(hook *alert.Webhook) relaywatch.AlerterFunc {
+	return func(inc relaywatch.Incident) {
+		a := alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report}
+		if inc.Kind == alert.KindRelayStuck {
+			switch rep := inc.Report; {
+			case rep.Event != nil:
+				a.Incident = alert.StuckIncident(rep.Event.Seq)
+			case rep.Seq != nil:
+				a.Incident = alert.StuckIncident(*rep.Seq + 1)
+			}
+		}
+		hook.Send(a)
 	}
 }
 
@@ -102,12 +122,11 @@ func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, log
 	head, events := console.WatchSources(log)
 	watch, err := relaywatch.New(relaywatch.Config{
 		Hostname: cfg.Hostname, Relays: cfg.Crawlers, Head: head, Events: events,
-		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
-			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
-		}),
+		Alerter:  relayAlerter(hook),
 		Client:   operatorClient(cfg, logger, cfg.RelayWatchTimeout),
 		Interval: cfg.RelayWatchInterval, Timeout: cfg.RelayWatchTimeout,
 		BehindEvents: int64(cfg.RelayBehindEvents), BehindFor: cfg.RelayBehindFor, StuckChecks: cfg.RelayStuckChecks,
+		StuckFor:   cfg.RelayStuckFor,
 		Registerer: serverMetrics, Logger: logger,
 	})
 	if err != nil {

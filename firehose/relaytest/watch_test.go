@@ -202,7 +202,7 @@ type watchRun struct {
 }
 
 // startWatch runs a watch of indigo's relay r (its getHostStatus served by
-// hostStatusServer) every 300 ms, stuck after two checks.
+// hostStatusServer) every 300 ms, stuck after two checks (and 100 ms).
 func startWatch(t *testing.T, e *repairEnv, r *relaypkg.Relay) *watchRun {
 	t.Helper()
 	statusSrv := hostStatusServer(t, r)
@@ -215,7 +215,7 @@ func startWatch(t *testing.T, e *repairEnv, r *relaypkg.Relay) *watchRun {
 		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
 			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
 		}),
-		Interval: 300 * time.Millisecond, StuckChecks: 2, Timeout: 5 * time.Second, Registerer: w.reg,
+		Interval: 300 * time.Millisecond, StuckChecks: 2, StuckFor: 100 * time.Millisecond, Timeout: 5 * time.Second, Registerer: w.reg,
 		Logger: slog.New(slog.NewTextHandler(w.log, nil)),
 	})
 	require.NoError(t, err)
