@@ -272,8 +272,10 @@ type Conn struct {
 	// serving is when it began to be served: its start, or the end of
 	// its hold.
 	serving time.Time
-	ended   time.Time
-	reason  EndReason
+	// done is closed by End.
+	done   chan struct{}
+	ended  time.Time
+	reason EndReason
 }
 
 // Start records a new subscription by ip/ua asking for cursor. ua is cut
@@ -286,7 +288,7 @@ func (h *Health) Start(ip, ua string, cursor *int64) *Conn {
 	before := c.cost()
 	c.connections++
 	c.active++
-	conn := &Conn{h: h, c: c, started: now, serving: now}
+	conn := &Conn{h: h, c: c, started: now, serving: now, done: make(chan struct{})}
 	if cursor != nil {
 		v := *cursor
 		conn.cursor = &v
@@ -395,6 +397,7 @@ func (c *Conn) EndErr(reason EndReason, err error) {
 	}
 	now := time.Now()
 	c.ended, c.reason = now, reason
+	close(c.done)
 	c.c.active--
 	c.unhold()
 	var logs []logLine

@@ -41,6 +41,9 @@ type failureRun struct {
 	FailureInfo
 	// refusedAt is the consumer's refusal count when the run began.
 	refusedAt int64
+	// stuck is the stuck incident of the run that ended (repaired) before
+	// the run did, for the summary.
+	stuck *StuckInfo
 }
 
 // Timing of the end of a run of failures: a connection served for
@@ -93,7 +96,11 @@ func (h *Health) noteEnd(conn *Conn, err error, now time.Time, logs []logLine) [
 // line counting what happened meanwhile. h.mu held.
 func (h *Health) recovered(c *consumer, msg string, now time.Time, logs []logLine) []logLine {
 	attrs := []any{"ip", c.key.ip, "user_agent", c.key.ua}
-	if s := c.stuck; s != nil {
+	s := c.stuck
+	if s == nil && c.failing != nil {
+		s = c.failing.stuck
+	}
+	if s != nil {
 		attrs = append(attrs, "was_stuck_at", s.Seq, "reconnects", s.Reconnects)
 	}
 	if f := c.failing; f != nil {

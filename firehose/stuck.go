@@ -91,33 +91,73 @@ func (h *Health) endStuck(c *consumer) {
 	if c.release != nil {
 		close(c.release)
 	}
+	if c.failing != nil && c.stuck != nil && c.stuck.Event != nil {
+		c.failing.stuck = c.stuck
+	}
 	c.stuck, c.release, c.holdable = nil, nil, false
 	h.settle(c)
 }
 
 // Hold says whether the connection, just upgraded, should wait before it
-// is served: its consumer is stuck at its cursor, on an event found, and
-// its connections failed there. It returns a channel closed when the
+// is served: its consumer is stuck at its cursor, and its connections
+// failed there. (If the event turns out not to be there, the consumer is
+// at the head, not stuck, and the wait ends.) It returns a channel closed when the
 // incident ends (the event repaired, or the consumer no longer stuck) and
 // how long to wait at most; nil when the connection is served at once.
 // Call Unhold when the wait is over.
-func (c *Conn) Hold() (<-chan struct{}, time.Duration) {
+//
+// A consumer redials as soon as it sees its connection fail, which can be
+// before this end of that connection has ended: a connection at the
+// cursor of an earlier one still open first waits (up to
+// precursorWait, or until ctx ends) for that one to end, so that its
+// failure counts.
+func (c *Conn) Hold(ctx context.Context) (<-chan struct{}, time.Duration) {
+	if prev := c.precursor(); prev != nil {
+		t := time.NewTimer(precursorWait)
+		select {
+		case <-prev:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	h := c.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs := c.c
 	s := cs.stuck
-	if s == nil || !cs.holdable || s.Event == nil || c.cursor == nil || *c.cursor != s.Cursor || !c.ended.IsZero() {
+	if s == nil || !cs.holdable || c.cursor == nil || *c.cursor != s.Cursor || !c.ended.IsZero() {
 		return nil, 0
 	}
 	limit := h.cfg.ParkFor
-	if len(s.Event.Problems) > 0 {
+	if s.Event != nil && len(s.Event.Problems) > 0 {
 		// Nothing gets past an event over a protocol limit but a repair.
 		limit *= 10
 	}
 	c.hold, c.holdFor = true, s
 	s.Held++
 	return cs.release, limit
+}
+
+// precursorWait bounds how long a connection waits for an earlier one of
+// its consumer at the same cursor to end (see Hold).
+const precursorWait = time.Second
+
+// precursor returns the done channel of the consumer's latest earlier
+// connection at the same cursor that is still being served, if any.
+func (c *Conn) precursor() <-chan struct{} {
+	if c.cursor == nil {
+		return nil
+	}
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	var done <-chan struct{}
+	for _, o := range c.c.recent {
+		if o != c && o.ended.IsZero() && !o.hold && o.cursor != nil && *o.cursor == *c.cursor && o.started.Before(c.started) {
+			done = o.done
+		}
+	}
+	return done
 }
 
 // Unhold records that the connection is no longer held.

@@ -246,7 +246,7 @@ func (s *subscription) hold(ctx context.Context) error {
 	if s.track == nil {
 		return nil
 	}
-	release, limit := s.track.Hold()
+	release, limit := s.track.Hold(ctx)
 	if release == nil {
 		return nil
 	}
