@@ -72,7 +72,11 @@ func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 			}
 			summary += ")"
 		}
-		summary += "; repair: " + r.Stuck.Command
+		command := r.Stuck.Command
+		if command == "" {
+			command = fmt.Sprintf("bulwark admin firehose rewrite-as-sync --seq %d", r.Stuck.Seq)
+		}
+		summary += "; repair: " + command
 		hook.Send(alert.Alert{
 			Kind: alert.KindConsumerStuck, Subject: r.IP + " " + r.UserAgent, Incident: alert.StuckIncident(r.Stuck.Seq),
 			Severity: alert.SeverityCritical, Summary: summary, Details: r.Stuck,
