@@ -17,6 +17,7 @@ import (
 	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/internal/syncbuf"
 	"github.com/bulwark-pds/bulwark/pds"
+	"github.com/bulwark-pds/bulwark/repo"
 )
 
 // TestIndigoRelayIncident replays the incident with indigo's relay
@@ -56,37 +57,7 @@ func TestIndigoRelayIncident(t *testing.T) {
 			e := startRepairEnvWith(t, ctx, repairOptions{
 				disableFallback: true, admission: &tc.admission, logger: slog.New(slog.NewTextHandler(serverLogs, nil)),
 			})
-			relay := relaytesting.MustSimpleRelay(e.dir, t.TempDir(), false)
-			require.NoError(t, relay.Relay.SubscribeToHost(ctx, e.host, true, true))
-			t.Cleanup(func() { _ = relay.Relay.Slurper.KillUpstreamConnection(context.Background(), e.host, false) })
-			require.Eventually(t, func() bool { return e.hub.Live() == 1 }, 30*time.Second, 5*time.Millisecond)
-			out := watchRelay(t, ctx, relay.Port)
-			e.createAccount(t)
-			before := e.post(t, ctx, "post 0").Rev
-			require.Eventually(t, func() bool { return out.has("#commit " + before) }, 30*time.Second, 10*time.Millisecond)
-			// As in TestIndigoRelayResumesAfterRewriteAsSync: the relay's
-			// cursor flushed, then its flusher stopped.
-			beforeSeq := e.seqOf(t, ctx, before)
-			require.Eventually(t, func() bool {
-				h, err := relay.Relay.GetHost(ctx, e.host)
-				return err == nil && h.LastSeq == beforeSeq
-			}, 30*time.Second, 20*time.Millisecond, "the relay flushes its cursor")
-			require.NoError(t, relay.Relay.Slurper.Shutdown())
-
-			e.stopSeq()
-			bad := e.post(t, ctx, "post 1")
-			var id int64
-			require.NoError(t, e.pool.QueryRow(ctx, "SELECT id FROM events WHERE did = $1 AND rev = $2 AND seq IS NULL", e.did.String(), bad.Rev).Scan(&id))
-			inflate(t, e.pool, "id = $1", id, 5_100_000)
-			mark := len(serverLogs.String())
-			e.startSeq()
-			later := e.post(t, ctx, "post 2")
-			badSeq := eventually(t, func() (int64, bool) {
-				var seq int64
-				err := e.pool.QueryRow(ctx, "SELECT seq FROM events WHERE id = $1 AND seq IS NOT NULL", id).Scan(&seq)
-				return seq, err == nil
-			})
-
+			out, bad, later, badSeq, mark := followThenOversize(t, e, serverLogs)
 			t.Cleanup(func() {
 				if t.Failed() {
 					for _, c := range e.hub.Health().Consumers() {
@@ -97,7 +68,8 @@ func TestIndigoRelayIncident(t *testing.T) {
 			})
 			stuck := eventually(t, func() (firehose.ConsumerReport, bool) {
 				for _, c := range e.hub.Health().Consumers() {
-					if c.Stuck != nil && c.Stuck.Event != nil && c.Stuck.Seq == badSeq && c.Stuck.Held == 1 {
+					// Its connection held: stuck, and one connection open.
+					if c.Stuck != nil && c.Stuck.Event != nil && c.Stuck.Seq == badSeq && c.Active == 1 {
 						return c, true
 					}
 				}
@@ -128,26 +100,75 @@ func TestIndigoRelayIncident(t *testing.T) {
 			after := findConsumer(e.hub.Health(), stuck.IP, stuck.UserAgent)
 			require.Equal(t, stuck.Connections, after.Connections, "the held connection itself was served")
 
-			require.Eventually(t, func() bool { return strings.Contains(serverLogs.String()[mark:], `msg="firehose consumer recovered"`) }, 30*time.Second, 20*time.Millisecond)
-			logs := serverLogs.String()[mark:]
-			var warns []string
-			for line := range strings.Lines(logs) {
-				// (The repair itself is logged as a warning too.)
-				if strings.Contains(line, "level=WARN") && !strings.Contains(line, `msg="firehose repair"`) {
-					warns = append(warns, line)
-				}
-			}
-			require.Len(t, warns, 2, "the failures and the stuck relay, once each: %q", warns)
-			require.Contains(t, warns[0], "connection failed")
-			require.Contains(t, warns[1], "consumer is stuck")
-			require.Contains(t, warns[1], fmt.Sprintf("rewrite-as-sync --seq %d", badSeq))
-			require.Contains(t, logLine(logs, "firehose event repaired"), fmt.Sprintf("seq=%d", badSeq))
-			recovered := logLine(logs, `msg="firehose consumer recovered"`)
-			require.Contains(t, recovered, fmt.Sprintf("was_stuck_at=%d", badSeq))
-			require.Contains(t, recovered, "failures=")
-			require.LessOrEqual(t, bytes.Count([]byte(logs), []byte("\n")), 20, "a few lines in all: %s", logs)
+			requireIncidentLogs(t, serverLogs, mark, badSeq)
 		})
 	}
+}
+
+// requireIncidentLogs: from mark on, the server logged the incident in a
+// few lines: two warnings (the failures, the stuck relay with the repair
+// command), the repair, and once the relay reads again, one line counting
+// the failures.
+func requireIncidentLogs(t *testing.T, serverLogs *syncbuf.Buffer, mark int, badSeq int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(serverLogs.String()[mark:], `msg="firehose consumer recovered"`) }, 30*time.Second, 20*time.Millisecond)
+	logs := serverLogs.String()[mark:]
+	var warns []string
+	for line := range strings.Lines(logs) {
+		// (The repair itself is logged as a warning too.)
+		if strings.Contains(line, "level=WARN") && !strings.Contains(line, `msg="firehose repair"`) {
+			warns = append(warns, line)
+		}
+	}
+	require.Len(t, warns, 2, "the failures and the stuck relay, once each: %q", warns)
+	require.Contains(t, warns[0], "connection failed")
+	require.Contains(t, warns[1], "consumer is stuck")
+	require.Contains(t, warns[1], fmt.Sprintf("rewrite-as-sync --seq %d", badSeq))
+	require.Contains(t, logLine(logs, "firehose event repaired"), fmt.Sprintf("seq=%d", badSeq))
+	recovered := logLine(logs, `msg="firehose consumer recovered"`)
+	require.Contains(t, recovered, fmt.Sprintf("was_stuck_at=%d", badSeq))
+	require.Contains(t, recovered, "failures=")
+	require.LessOrEqual(t, bytes.Count([]byte(logs), []byte("\n")), 20, "a few lines in all: %s", logs)
+}
+
+// followThenOversize has indigo's relay follow e live, then stores the
+// account's next #commit over the relay's frame limit before it is
+// sequenced, and commits another after it. It returns the relay's output,
+// the two commits, the bad one's seq, and where serverLogs stood before.
+func followThenOversize(t *testing.T, e *repairEnv, serverLogs *syncbuf.Buffer) (out *relayOutput, bad, later *repo.CommitResult, badSeq int64, mark int) {
+	t.Helper()
+	ctx := context.Background()
+	relay := relaytesting.MustSimpleRelay(e.dir, t.TempDir(), false)
+	require.NoError(t, relay.Relay.SubscribeToHost(ctx, e.host, true, true))
+	t.Cleanup(func() { _ = relay.Relay.Slurper.KillUpstreamConnection(context.Background(), e.host, false) })
+	require.Eventually(t, func() bool { return e.hub.Live() == 1 }, 30*time.Second, 5*time.Millisecond)
+	out = watchRelay(t, ctx, relay.Port)
+	e.createAccount(t)
+	before := e.post(t, ctx, "post 0").Rev
+	require.Eventually(t, func() bool { return out.has("#commit " + before) }, 30*time.Second, 10*time.Millisecond)
+	// As in TestIndigoRelayResumesAfterRewriteAsSync: the relay's cursor
+	// flushed, then its flusher stopped.
+	beforeSeq := e.seqOf(t, ctx, before)
+	require.Eventually(t, func() bool {
+		h, err := relay.Relay.GetHost(ctx, e.host)
+		return err == nil && h.LastSeq == beforeSeq
+	}, 30*time.Second, 20*time.Millisecond, "the relay flushes its cursor")
+	require.NoError(t, relay.Relay.Slurper.Shutdown())
+
+	e.stopSeq()
+	bad = e.post(t, ctx, "post 1")
+	var id int64
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT id FROM events WHERE did = $1 AND rev = $2 AND seq IS NULL", e.did.String(), bad.Rev).Scan(&id))
+	inflate(t, e.pool, "id = $1", id, 5_100_000)
+	mark = len(serverLogs.String())
+	e.startSeq()
+	later = e.post(t, ctx, "post 2")
+	badSeq = eventually(t, func() (int64, bool) {
+		var seq int64
+		err := e.pool.QueryRow(ctx, "SELECT seq FROM events WHERE id = $1 AND seq IS NOT NULL", id).Scan(&seq)
+		return seq, err == nil
+	})
+	return out, bad, later, badSeq, mark
 }
 
 // eventually polls f until it reports ok, and returns its value.
