@@ -44,8 +44,13 @@ func WatchSources(l *eventlog.Log) (relaywatch.HeadFunc, relaywatch.EventFunc) {
 	return head, at
 }
 
-// aheadConsumers picks the consumers refused with FutureCursor, the
-// highest cursor first (the one raise-seq must pass).
+// maxAhead bounds the consumers refused with FutureCursor the overview
+// lists: a client can make up as many as it has addresses and agents.
+const maxAhead = 20
+
+// aheadConsumers picks the consumers refused with FutureCursor, at most
+// maxAhead: those refused most often first (a relay or an app view retries
+// all the time; a made-up one tried once), then the highest cursor.
 func aheadConsumers(all []firehose.ConsumerReport) []firehose.ConsumerReport {
 	var out []firehose.ConsumerReport
 	for _, c := range all {
@@ -54,7 +59,10 @@ func aheadConsumers(all []firehose.ConsumerReport) []firehose.ConsumerReport {
 		}
 	}
 	slices.SortStableFunc(out, func(a, b firehose.ConsumerReport) int {
+		if c := cmp.Compare(b.FutureCursor.Refusals, a.FutureCursor.Refusals); c != 0 {
+			return c
+		}
 		return cmp.Compare(b.FutureCursor.Cursor, a.FutureCursor.Cursor)
 	})
-	return out
+	return out[:min(len(out), maxAhead)]
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
@@ -172,6 +174,10 @@ type Health struct {
 	// open holds the consumers with an incident going on (stuck, failing
 	// or ahead), which Run looks at.
 	open map[*consumer]struct{}
+	// warnings limits incident warnings across consumers; warningsHeld
+	// counts those not logged since the last one (allowWarning).
+	warnings     *rate.Limiter
+	warningsHeld int64
 }
 
 // MaxUserAgent is how much of a User-Agent the tracker keeps: enough for
@@ -253,6 +259,7 @@ func NewHealth(cfg HealthConfig) *Health {
 		order:     list.New(),
 		byIP:      map[string]*list.Element{},
 		open:      map[*consumer]struct{}{},
+		warnings:  rate.NewLimiter(warnRate, warnBurst),
 	}
 }
 

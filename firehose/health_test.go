@@ -206,3 +206,33 @@ func nextStuck(t *testing.T, stuck chan ConsumerReport) ConsumerReport {
 		return ConsumerReport{}
 	}
 }
+
+// Incident warnings are one per consumer, and consumers are what clients
+// say they are (address and User-Agent): a client inventing agents gets
+// at most warnBurst warnings logged; every consumer is still tracked.
+func TestHealthBoundsIncidentWarnings(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	h := NewHealth(HealthConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	cursor := int64(1_000_000)
+	for i := range 100 {
+		c := h.Start("192.0.2.50", fmt.Sprint("agent/", i), &cursor)
+		c.FutureCursor(10)
+		c.End(EndFutureCursor)
+		f := h.Start("192.0.2.51", fmt.Sprint("agent/", i), nil)
+		f.End(EndWriteError)
+	}
+	require.Equal(t, warnBurst, strings.Count(logs.String(), "level=WARN"))
+	ahead, failing := 0, 0
+	for _, r := range h.Consumers() {
+		if r.FutureCursor != nil {
+			ahead++
+		}
+		if r.Failing != nil {
+			failing++
+		}
+	}
+	require.Equal(t, 100, ahead)
+	require.Equal(t, 100, failing)
+	require.Contains(t, logs.String(), "ahead_by=999990")
+}

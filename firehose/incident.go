@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Runs of failed connections and cursors beyond our head: each is one
@@ -44,6 +46,8 @@ type failureRun struct {
 	// stuck is the stuck incident of the run that ended (repaired) before
 	// the run did, for the summary.
 	stuck *StuckInfo
+	// quiet: its start was not logged (allowWarning), nor is its end.
+	quiet bool
 }
 
 // Timing of the end of a run of failures: a connection served for
@@ -58,6 +62,28 @@ const (
 
 // maxErrorText bounds the error text logged for a failed connection.
 const maxErrorText = 200
+
+// Incident warnings (a run of failures starting, a cursor beyond our
+// head) are one per consumer, and a consumer is an address and a
+// User-Agent, which a client chooses: across all consumers at most
+// warnBurst of them, then warnRate, are logged; the others are still
+// tracked and shown (admin API, console), and counted in the next
+// warning logged.
+const (
+	warnRate  = rate.Limit(1.0 / 6) // 10 a minute
+	warnBurst = 20
+)
+
+// allowWarning says whether an incident warning may be logged now, and
+// how many were held back since the last one. h.mu held.
+func (h *Health) allowWarning() (ok bool, held int64) {
+	if !h.warnings.Allow() {
+		h.warningsHeld++
+		return false, 0
+	}
+	held, h.warningsHeld = h.warningsHeld, 0
+	return true, held
+}
 
 // noteEnd counts a connection that ended in its consumer's run of
 // failures, starting one (with a warning) if none is going on, and ends
@@ -78,7 +104,15 @@ func (h *Health) noteEnd(conn *Conn, err error, now time.Time, logs []logLine) [
 	}
 	c.failing = &failureRun{FailureInfo: FailureInfo{Since: now, LastFailure: now, Failures: 1, LastReason: conn.reason}, refusedAt: c.refused}
 	h.open[c] = struct{}{}
+	ok, held := h.allowWarning()
+	if !ok {
+		c.failing.quiet = true
+		return logs
+	}
 	attrs := []any{"ip", c.key.ip, "user_agent", c.key.ua, "reason", conn.reason, "frames", conn.frames.Load()}
+	if held > 0 {
+		attrs = append(attrs, "other_incidents_not_logged", held)
+	}
 	if conn.cursor != nil {
 		attrs = append(attrs, "cursor", *conn.cursor)
 	}
@@ -95,6 +129,7 @@ func (h *Health) noteEnd(conn *Conn, err error, now time.Time, logs []logLine) [
 // recovered ends c's run of failures and its stuck incident, with one
 // line counting what happened meanwhile. h.mu held.
 func (h *Health) recovered(c *consumer, msg string, now time.Time, logs []logLine) []logLine {
+	quiet := c.failing != nil && c.failing.quiet && c.stuck == nil
 	attrs := []any{"ip", c.key.ip, "user_agent", c.key.ua}
 	s := c.stuck
 	if s == nil && c.failing != nil {
@@ -108,6 +143,9 @@ func (h *Health) recovered(c *consumer, msg string, now time.Time, logs []logLin
 	}
 	c.failing = nil
 	h.endStuck(c)
+	if quiet {
+		return logs
+	}
 	return append(logs, logLine{slog.LevelInfo, msg, attrs})
 }
 
@@ -141,11 +179,20 @@ func (c *Conn) FutureCursor(head int64) {
 	f := &FutureCursorInfo{Cursor: cur, Head: head, Since: now, Last: now, Refusals: 1, Command: raiseSeqCommand(cur)}
 	cs.future = f
 	h.open[cs] = struct{}{}
+	ok, held := h.allowWarning()
 	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	// The cursor is the client's word: the command is for a consumer the
+	// operator knows (a relay, its app view), and ahead_by says how far.
+	attrs := []any{"ip", cs.key.ip, "user_agent", cs.key.ua, "cursor", cur, "head", head, "ahead_by", cur - head, "command", f.Command}
+	if held > 0 {
+		attrs = append(attrs, "other_incidents_not_logged", held)
+	}
 	h.log.Warn("firehose consumer asks for a cursor beyond our newest event and is refused (FutureCursor): "+
-		"our sequence went back, as after restoring a backup; until it is raised past the consumer's cursor with the command given, "+
-		"the consumer reads nothing from us",
-		"ip", cs.key.ip, "user_agent", cs.key.ua, "cursor", cur, "head", head, "command", f.Command)
+		"our sequence went back, as after restoring a backup; until it is raised past the consumer's cursor, "+
+		"the consumer reads nothing from us; if it is one you know (a relay, your app view), run the command given", attrs...)
 }
 
 // raiseSeqCommand is the admin command that puts our next seq past cursor
