@@ -88,13 +88,11 @@ func repairCommand(seq int64) string {
 // endStuck ends c's stuck incident, if any, releasing the connections
 // held for it. h.mu held.
 func (h *Health) endStuck(c *consumer) {
-	if c.release != nil {
-		close(c.release)
-	}
+	h.stopHolding(c)
 	if c.failing != nil && c.stuck != nil && c.stuck.Event != nil {
 		c.failing.stuck = c.stuck
 	}
-	c.stuck, c.release, c.holdable = nil, nil, false
+	c.stuck = nil
 	h.settle(c)
 }
 
@@ -199,6 +197,14 @@ func (h *Health) announce(r ConsumerReport) {
 			h.mu.Lock()
 			if c := h.lookupStuck(r); c != nil {
 				c.stuck.Seq, c.stuck.Event, c.stuck.Command = ev.Seq, ev, repairCommand(ev.Seq)
+				if len(ev.Problems) == 0 && c.refusedFrame() {
+					// It refused a frame over its read limit, yet nothing
+					// after its cursor breaks a limit now: the event was
+					// repaired before it was looked at (or the consumer reads
+					// less than the protocol allows). A repair to notice is
+					// not coming: its connections are not held.
+					h.stopHolding(c)
+				}
 			}
 			h.mu.Unlock()
 			r.Stuck.Seq, r.Stuck.Event, r.Stuck.Command = ev.Seq, ev, repairCommand(ev.Seq)
@@ -217,6 +223,26 @@ func (h *Health) announce(r ConsumerReport) {
 	if h.cfg.OnStuck != nil {
 		h.cfg.OnStuck(r)
 	}
+}
+
+// refusedFrame says whether one of c's connections at its stuck cursor
+// ended with the client refusing a frame (close 1009). h.mu held.
+func (c *consumer) refusedFrame() bool {
+	for _, conn := range c.recent {
+		if conn.reason == EndRefusedFrame && conn.cursor != nil && c.stuck != nil && *conn.cursor == c.stuck.Cursor {
+			return true
+		}
+	}
+	return false
+}
+
+// stopHolding releases c's held connections and holds no more for this
+// incident. h.mu held.
+func (h *Health) stopHolding(c *consumer) {
+	if c.release != nil {
+		close(c.release)
+	}
+	c.release, c.holdable = nil, false
 }
 
 // lookupStuck finds the consumer of r if it is still stuck at r's cursor.

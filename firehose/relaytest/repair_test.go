@@ -470,6 +470,14 @@ func TestIndigoRelayResumesAfterRewriteAsSync(t *testing.T) {
 
 	var stuck *firehose.StuckInfo
 	var who firehose.ConsumerReport
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, c := range e.hub.Health().Consumers() {
+				t.Logf("consumer %+v, stuck %+v, failing %+v", c, c.Stuck, c.Failing)
+			}
+			t.Logf("bad seq %d; the relay's log:\n%s", e.badSeq, logs.String())
+		}
+	})
 	require.Eventually(t, func() bool {
 		for _, c := range e.hub.Health().Consumers() {
 			if c.Stuck != nil && c.Stuck.Event != nil && c.Stuck.Seq == e.badSeq {
