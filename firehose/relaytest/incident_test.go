@@ -21,9 +21,9 @@ import (
 )
 
 // TestIndigoRelayIncident replays the incident with indigo's relay
-// following Bulwark live (strict mode), the #sync fallback off: a #commit
-// is stored over the relay's frame limit, the relay's connection fails on
-// it, and it redials at once, forever. Twice: admitted as any client (1 a
+// following Bulwark (strict mode), the #sync fallback off: a #commit is
+// stored over the relay's frame limit, the relay's connection fails on it,
+// and it redials at once, forever. Twice: admitted as any client (1 a
 // minute, burst 5), and allow-listed as a known relay (no rate).
 //
 //   - Bulwark logs the incident in a few lines, not one per redial: one
@@ -131,10 +131,11 @@ func requireIncidentLogs(t *testing.T, serverLogs *syncbuf.Buffer, mark int, bad
 	require.LessOrEqual(t, bytes.Count([]byte(logs), []byte("\n")), 20, "a few lines in all: %s", logs)
 }
 
-// followThenOversize has indigo's relay follow e live, then stores the
-// account's next #commit over the relay's frame limit before it is
-// sequenced, and commits another after it. It returns the relay's output,
-// the two commits, the bad one's seq, and where serverLogs stood before.
+// followThenOversize has indigo's relay follow e live; then, while its
+// connection is down, the account commits twice and the first of these
+// commits is stored over the relay's frame limit; the relay comes back at
+// its cursor. It returns the relay's output, the two commits, the bad
+// one's seq, and where serverLogs stood before.
 func followThenOversize(t *testing.T, e *repairEnv, serverLogs *syncbuf.Buffer) (out *relayOutput, bad, later *repo.CommitResult, badSeq int64, mark int) {
 	t.Helper()
 	ctx := context.Background()
@@ -147,27 +148,28 @@ func followThenOversize(t *testing.T, e *repairEnv, serverLogs *syncbuf.Buffer) 
 	before := e.post(t, ctx, "post 0").Rev
 	require.Eventually(t, func() bool { return out.has("#commit " + before) }, 30*time.Second, 10*time.Millisecond)
 	// As in TestIndigoRelayResumesAfterRewriteAsSync: the relay's cursor
-	// flushed, then its flusher stopped.
+	// flushed, then its flusher stopped (the subscription goes on).
 	beforeSeq := e.seqOf(t, ctx, before)
 	require.Eventually(t, func() bool {
 		h, err := relay.Relay.GetHost(ctx, e.host)
 		return err == nil && h.LastSeq == beforeSeq
 	}, 30*time.Second, 20*time.Millisecond, "the relay flushes its cursor")
 	require.NoError(t, relay.Relay.Slurper.Shutdown())
+	require.NoError(t, relay.Relay.Slurper.KillUpstreamConnection(ctx, e.host, false))
+	require.Eventually(t, func() bool { return !relay.Relay.Slurper.CheckIfSubscribed(e.host) && e.hub.Subscribers() == 0 },
+		30*time.Second, 5*time.Millisecond, "the relay's connection is down")
 
-	e.stopSeq()
-	bad = e.post(t, ctx, "post 1")
-	var id int64
-	require.NoError(t, e.pool.QueryRow(ctx, "SELECT id FROM events WHERE did = $1 AND rev = $2 AND seq IS NULL", e.did.String(), bad.Rev).Scan(&id))
-	inflate(t, e.pool, "id = $1", id, 5_100_000)
+	bad, later = e.post(t, ctx, "post 1"), e.post(t, ctx, "post 2")
+	require.Eventually(t, func() bool {
+		var n int
+		err := e.pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE did = $1 AND rev IN ($2, $3) AND seq IS NOT NULL", e.did.String(), bad.Rev, later.Rev).Scan(&n)
+		return err == nil && n == 2
+	}, 30*time.Second, 5*time.Millisecond)
+	badSeq = e.seqOf(t, ctx, bad.Rev)
+	inflate(t, e.pool, "seq = $1", badSeq, 5_100_000)
 	mark = len(serverLogs.String())
-	e.startSeq()
-	later = e.post(t, ctx, "post 2")
-	badSeq = eventually(t, func() (int64, bool) {
-		var seq int64
-		err := e.pool.QueryRow(ctx, "SELECT seq FROM events WHERE id = $1 AND seq IS NOT NULL", id).Scan(&seq)
-		return seq, err == nil
-	})
+	// (SubscribeToHost dials with the cursor the relay stored.)
+	require.NoError(t, relay.Relay.SubscribeToHost(ctx, e.host, true, true))
 	return out, bad, later, badSeq, mark
 }
 
