@@ -1,16 +1,20 @@
 package console_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/console"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // A consumer refused with FutureCursor (its cursor is beyond our newest
@@ -19,8 +23,15 @@ import (
 func TestOverviewShowsFutureCursorConsumers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
-	_, _ = e.newRepo(t, "ahead.test")
-	head := e.lastSeq(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	for i := range 2 {
+		enc, err := eventlog.EncodeIdentity(&comatproto.SyncSubscribeRepos_Identity{Did: fmt.Sprintf("did:plc:ahead%019d", i), Time: syntax.DatetimeNow().String()})
+		require.NoError(t, err)
+		require.NoError(t, eventlog.Append(ctx, e.pool, enc))
+	}
+	e.seq.Wake()
+	head := e.seqs.wait(t, ctx, 2)
 	cursor := head + 500
 	for range 3 {
 		conn, resp, err := websocket.DefaultDialer.Dial(fmt.Sprintf("ws://%s/xrpc/com.atproto.sync.subscribeRepos?cursor=%d", e.host, cursor),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -119,7 +120,7 @@ func (h *Health) noteEnd(conn *Conn, err error, now time.Time, logs []logLine) [
 	if err != nil {
 		msg := err.Error()
 		if len(msg) > maxErrorText {
-			msg = msg[:maxErrorText]
+			msg = strings.ToValidUTF8(msg[:maxErrorText], "")
 		}
 		attrs = append(attrs, "err", msg)
 	}
