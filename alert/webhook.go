@@ -48,13 +48,19 @@ const (
 
 // Bounds on what one alert carries.
 const (
-	maxKindBytes    = 64
-	maxSubjectBytes = 256
-	maxSummaryBytes = 2000
-	maxDetailsBytes = 32 << 10
-	maxDedupKeys    = 1024
-	maxReplyBytes   = 512
+	maxKindBytes     = 64
+	maxSubjectBytes  = 256
+	maxIncidentBytes = 256
+	maxSummaryBytes  = 2000
+	maxDetailsBytes  = 32 << 10
+	maxDedupKeys     = 1024
+	maxReplyBytes    = 512
 )
+
+// StuckIncident names the incident of consumers stuck on the event at seq,
+// for Alert.Incident: however many detectors and relays report it, it is
+// one alert.
+func StuckIncident(seq int64) string { return fmt.Sprintf("firehose-stuck:seq:%d", seq) }
 
 // ErrInvalidURL means the webhook URL is not an absolute http(s) URL.
 var ErrInvalidURL = errors.New("invalid alert webhook URL")
@@ -64,8 +70,14 @@ type Alert struct {
 	// Kind names what happened (KindRelayStuck, ...); required.
 	Kind string `json:"kind"`
 	// Subject is what it happened to (a relay's host, a consumer's
-	// address); with Kind, the deduplication key.
-	Subject  string   `json:"subject,omitempty"`
+	// address); with Kind, the deduplication key, unless Incident is set.
+	Subject string `json:"subject,omitempty"`
+	// Incident, when set, names the incident the alert is about, and is
+	// the deduplication key instead: alerts of any kind or subject about
+	// one incident are one alert (the relay watch and consumer health both
+	// see a relay stuck on an event: StuckIncident). Flapping or false
+	// alarms about other incidents do not hold back a new one.
+	Incident string   `json:"incident,omitempty"`
 	Severity Severity `json:"severity"`
 	// Summary is one line for a human.
 	Summary string `json:"summary"`
@@ -215,6 +227,7 @@ func (w *Webhook) Send(a Alert) bool {
 	}
 	now := w.cfg.Now()
 	a.Kind, a.Subject, a.Summary = cut(a.Kind, maxKindBytes), cut(a.Subject, maxSubjectBytes), cut(a.Summary, maxSummaryBytes)
+	a.Incident = cut(a.Incident, maxIncidentBytes)
 	if a.Time.IsZero() {
 		a.Time = now
 	}
@@ -230,6 +243,9 @@ func (w *Webhook) Send(a Alert) bool {
 		return false
 	}
 	key := a.Kind + "\x00" + a.Subject
+	if a.Incident != "" {
+		key = "incident\x00" + a.Incident
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if at, ok := w.last[key]; ok && now.Sub(at) < w.cfg.DedupWindow {

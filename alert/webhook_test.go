@@ -178,6 +178,27 @@ func TestWebhookDeduplicates(t *testing.T) {
 	require.Equal(t, int64(1), f.hook.Stats().Deduplicated)
 }
 
+// Alerts naming an incident are deduplicated by it, whatever their kind
+// or subject: a relay stuck on an event, seen by the relay watch and by
+// consumer health, is one alert. Another incident of the same relay (a
+// false alarm at another seq before the real one) is not held back.
+func TestWebhookDeduplicatesIncidents(t *testing.T) {
+	r := newReceiver(t)
+	f := newHook(t, r.URL, alert.Config{DedupWindow: 10 * time.Minute})
+	consumer := alert.Alert{Kind: alert.KindConsumerStuck, Subject: "192.0.2.9 indigo-relay", Incident: alert.StuckIncident(42), Summary: "consumer stuck at 42"}
+	require.True(t, f.hook.Send(consumer))
+	relay := stuck
+	relay.Incident = alert.StuckIncident(42)
+	require.False(t, f.hook.Send(relay), "the relay watch's alert of the same incident")
+	f.now = f.now.Add(time.Minute)
+	relay.Incident = alert.StuckIncident(77)
+	require.True(t, f.hook.Send(relay), "the same relay, another incident")
+	require.False(t, f.hook.Send(relay))
+	require.Equal(t, 2, f.hook.Deliver(context.Background()))
+	require.Equal(t, int64(2), f.hook.Stats().Deduplicated)
+	require.Equal(t, "firehose-stuck:seq:42", (<-r.bodies)["incident"])
+}
+
 // The queue is bounded: Send never waits, and what does not fit is
 // dropped and counted.
 func TestWebhookQueueBound(t *testing.T) {

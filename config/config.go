@@ -252,8 +252,14 @@ type Config struct {
 	// ago than this is behind.
 	RelayBehindFor time.Duration
 	// RelayStuckChecks: a relay reporting the same seq on this many checks
-	// in a row while newer events exist is stuck.
+	// in a row while newer events exist, for at least RelayStuckFor, is
+	// stuck.
 	RelayStuckChecks int
+	// RelayStuckFor: how long the first event after a stuck relay's seq
+	// must have existed; longer than the relays save their position
+	// (indigo's: every 4 s), so that a healthy relay between two saves is
+	// not taken for stuck.
+	RelayStuckFor time.Duration
 	// AlertWebhook receives incidents (a stuck relay, a stuck firehose
 	// consumer, a storm of 503s) as JSON POSTs. Empty means none. It is
 	// treated as a secret: webhook URLs often carry a token.
@@ -427,6 +433,7 @@ func DefaultConfig() *Config {
 		RelayWatchTimeout:      relaywatch.DefaultTimeout,
 		RelayBehindEvents:      relaywatch.DefaultBehindEvents,
 		RelayBehindFor:         relaywatch.DefaultBehindFor,
+		RelayStuckFor:          relaywatch.DefaultStuckFor,
 		RelayStuckChecks:       relaywatch.DefaultStuckChecks,
 		OverloadStormThreshold: alert.DefaultStormThreshold,
 		AdminConsole:           ConsolePublic,

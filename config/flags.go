@@ -75,6 +75,7 @@ func (c *Config) settings() []setting {
 		{"relay-behind-events", "a relay trailing our newest event by more seqs is behind", (*intValue)(&c.RelayBehindEvents)},
 		{"relay-behind-for", "a relay whose oldest unread event is older than this is behind", (*durationValue)(&c.RelayBehindFor)},
 		{"relay-stuck-checks", "a relay at the same seq this many checks in a row while newer events exist is stuck", (*intValue)(&c.RelayStuckChecks)},
+		{"relay-stuck-for", "a relay is stuck only once the first event after its seq is this old (longer than relays take to save their position)", (*durationValue)(&c.RelayStuckFor)},
 		{"alert-webhook", "URL receiving incidents (stuck relay or consumer, 503 storms) as JSON POSTs; unset = none", (*secretValue)(&c.AlertWebhook)},
 		{"overload-storm-threshold", "503 refusals within a minute that make a storm (alerted once)", (*intValue)(&c.OverloadStormThreshold)},
 		{"admin-console", "operator console at /admin/: public (this listener), private (--metrics-listen only) or off", (*stringValue)(&c.AdminConsole)},

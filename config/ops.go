@@ -34,6 +34,9 @@ func (c *Config) validateOps() error {
 	if c.RelayStuckChecks < 1 {
 		return settingError("relay-stuck-checks", "must be at least 1")
 	}
+	if c.RelayStuckFor <= 0 {
+		return settingError("relay-stuck-for", "must be positive")
+	}
 	if c.AlertWebhook != "" {
 		// The URL stays out of the message: it may carry a token.
 		u, err := url.Parse(c.AlertWebhook)

@@ -163,7 +163,7 @@ func TestBrowserRepairsStuckRelay(t *testing.T) {
 		head, events := console.WatchSources(e.log)
 		w, err := relaywatch.New(relaywatch.Config{
 			Hostname: e.host, Relays: []string{relay.URL}, Head: head, Events: events,
-			StuckChecks: 2, Client: relay.Client(), Logger: quiet,
+			StuckChecks: 2, StuckFor: time.Millisecond, Client: relay.Client(), Logger: quiet,
 		})
 		require.NoError(t, err)
 		return w

@@ -29,6 +29,7 @@ type overviewView struct {
 	Relays        []relaywatch.Report
 	HasWatch      bool
 	Stuck         []firehose.ConsumerReport
+	Ahead         []firehose.ConsumerReport
 	Consumers     int
 	Sparks        []spark
 }
@@ -82,6 +83,7 @@ func (c *Console) handleOverview(w http.ResponseWriter, r *http.Request, s sessi
 				v.Stuck = append(v.Stuck, cr)
 			}
 		}
+		v.Ahead = aheadConsumers(all)
 	}
 	c.fillSamples(&v)
 	c.render(w, http.StatusOK, "overview", view{Title: "Overview", Nav: "overview", CSRF: c.csrf(s), Refresh: overviewRefresh, Data: v})

@@ -1,11 +1,14 @@
 package console
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/firehose"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
 
@@ -39,4 +42,27 @@ func WatchSources(l *eventlog.Log) (relaywatch.HeadFunc, relaywatch.EventFunc) {
 		return relaywatch.EventInfo{}, eventlog.ErrNoEvent
 	}
 	return head, at
+}
+
+// maxAhead bounds the consumers refused with FutureCursor the overview
+// lists: a client can make up as many as it has addresses and agents.
+const maxAhead = 20
+
+// aheadConsumers picks the consumers refused with FutureCursor, at most
+// maxAhead: those refused most often first (a relay or an app view retries
+// all the time; a made-up one tried once), then the highest cursor.
+func aheadConsumers(all []firehose.ConsumerReport) []firehose.ConsumerReport {
+	var out []firehose.ConsumerReport
+	for _, c := range all {
+		if c.FutureCursor != nil {
+			out = append(out, c)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b firehose.ConsumerReport) int {
+		if c := cmp.Compare(b.FutureCursor.Refusals, a.FutureCursor.Refusals); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.FutureCursor.Cursor, a.FutureCursor.Cursor)
+	})
+	return out[:min(len(out), maxAhead)]
 }

@@ -113,7 +113,7 @@ func TestRelayWatchCost(t *testing.T) {
 	h, ev := console.WatchSources(eventlog.NewLog(pool))
 	watch, err := relaywatch.New(relaywatch.Config{
 		Hostname: "pds.test", Relays: []string{a.URL, b.URL, stalled.URL}, Head: h, Events: ev,
-		Timeout: 300 * time.Millisecond, StuckChecks: 2, Logger: quiet,
+		Timeout: 300 * time.Millisecond, StuckChecks: 2, StuckFor: time.Millisecond, Logger: quiet,
 	})
 	require.NoError(t, err)
 

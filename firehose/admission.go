@@ -169,6 +169,25 @@ func (a *Admission) Admit(ip netip.Addr, now time.Time) (*Ticket, time.Duration,
 	return &Ticket{a: a, c: c}, 0, nil
 }
 
+// Forgive gives the client at ip (an address as Health records it) a full
+// bucket: its next subscription is admitted at once. Health calls it when
+// the event the client was stuck on is repaired, so that a client refused
+// while it was stuck is not kept waiting for its bucket to refill. The
+// concurrency caps still apply.
+func (a *Admission) Forgive(ip string) {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return
+	}
+	key := clientKey(addr)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if el, ok := a.clients[key]; ok {
+		c := el.Value.(*client)
+		c.bucket = rate.NewLimiter(a.cfg.Rate, a.cfg.Burst)
+	}
+}
+
 // lookup finds or creates key's entry, marks it seen, and keeps the table
 // within MaxClients. Called with a.mu held.
 func (a *Admission) lookup(key netip.Addr, now time.Time) *client {

@@ -113,3 +113,35 @@ func TestAdmissionTableBounded(t *testing.T) {
 	}
 	require.Less(t, a.Clients(), 1000)
 }
+
+// TestAdmissionForgive: a client refused for its rate is admitted at once
+// after Forgive (a repair of the event it was stuck on), at the address
+// Health records for it; the concurrency cap still holds.
+func TestAdmissionForgive(t *testing.T) {
+	t.Parallel()
+	a := firehose.NewAdmission(firehose.AdmissionConfig{Burst: 2, MaxPerClient: 3})
+	ip := netip.MustParseAddr("2001:db8::7")
+	now := time.Unix(1_700_000_000, 0)
+	var held []*firehose.Ticket
+	for range 2 {
+		tk, _, err := a.Admit(ip, now)
+		require.NoError(t, err)
+		held = append(held, tk)
+	}
+	_, _, err := a.Admit(ip, now)
+	require.ErrorIs(t, err, firehose.ErrRateLimited)
+
+	a.Forgive("not an address")
+	a.Forgive("2001:db8::8") // the same /64
+	tk, _, err := a.Admit(ip, now)
+	require.NoError(t, err, "forgiven: admitted before its bucket refills")
+	held = append(held, tk)
+	a.Forgive(ip.String())
+	_, _, err = a.Admit(ip, now)
+	require.ErrorIs(t, err, firehose.ErrTooManyFromClient, "the concurrency cap is not forgiven")
+	for _, tk := range held {
+		tk.Release()
+	}
+	a.Forgive("192.0.2.99") // unknown: nothing to forget, nothing added
+	require.Equal(t, 1, a.Clients())
+}

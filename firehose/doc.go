@@ -14,8 +14,11 @@
 // of a map lookup, whether a client may subscribe (a per-client token
 // bucket, connection caps); backfill pages draw from the shared in-flight
 // byte budget and yield to writes in flight; Health notices a consumer that
-// keeps reconnecting at the same cursor and names the event it is stuck
-// on. CrawlNotifier asks relays to crawl the server after writes.
+// keeps reconnecting at the same cursor, names the event it is stuck on,
+// holds its next connections (upgraded, no database work) until that event
+// is repaired, and reports runs of failed connections and cursors beyond
+// our head once each (health.go, stuck.go, incident.go). CrawlNotifier
+// asks relays to crawl the server after writes.
 //
 // Nothing below the HTTP layer depends on this package: the commit engine
 // and the account service append to the event log through eventlog alone.

@@ -1,18 +1,18 @@
 package firehose
 
 import (
-	comatproto "github.com/bluesky-social/indigo/api/atproto"
-	cbg "github.com/whyrusleeping/cbor-gen"
-
 	"bytes"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/gorilla/websocket"
+	cbg "github.com/whyrusleeping/cbor-gen"
 
 	"github.com/bulwark-pds/bulwark/eventlog"
 )
@@ -137,10 +137,15 @@ func infoFrame(name, msg string) []byte {
 	return buf.Bytes()
 }
 
-// IsClientGone reports whether err only says the subscriber disconnected.
+// IsClientGone reports whether err only says the subscriber disconnected,
+// or dropped the connection (reset it, closed it with an error code)
+// while it was being written to. Consumer health reports those, once per
+// run of failures (HealthConfig): a consumer redialing in a loop must not
+// cost a log line per connection.
 func IsClientGone(err error) bool {
 	var ne net.Error
-	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) ||
-		websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) ||
+	var ce *websocket.CloseError
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.As(err, &ce) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, websocket.ErrCloseSent) ||
 		(errors.As(err, &ne) && ne.Timeout())
 }

@@ -10,16 +10,30 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // Consumer health: the firehose remembers, per consumer (client IP plus
 // user agent, cut to MaxUserAgent bytes), its recent connections, and
-// refusals per address; it flags a consumer that keeps
-// reconnecting at the same cursor: a relay stuck on the event after it (too
-// big for it, or one it cannot verify). The operator hears of it from a log
-// warning (once per incident), the admin API and metrics, before users
-// notice missing posts.
+// refusals per address. From them it tells the operator, once per
+// incident and with counts, of three things:
+//
+//   - a consumer whose connections keep failing (the client dropping a
+//     frame it cannot take, resetting the connection mid-write): one
+//     warning when it starts, one line with the count when it ends
+//     (incident.go);
+//   - a consumer stuck: reconnecting at the same cursor without getting
+//     past the event after it (too big for it, or one it cannot verify).
+//     Its next reconnections are held without any database work until that
+//     event is repaired, instead of being served the same event again
+//     (stuck.go);
+//   - a consumer asking for a cursor beyond our newest event (FutureCursor),
+//     as after restoring a backup: one warning naming the raise-seq command
+//     that lets it back in (incident.go).
+//
+// The admin API, the console and metrics show the same state.
 
 // EndReason says why a subscription ended.
 type EndReason string
@@ -34,8 +48,24 @@ const (
 	EndFutureCursor   EndReason = "FutureCursor"
 	EndServerShutdown EndReason = "server shutdown"
 	EndRateLimited    EndReason = "rate limited"
-	EndOther          EndReason = "other"
+	// EndRefusedFrame: the client closed with 1009 (message too big): it
+	// refused a frame over its read limit.
+	EndRefusedFrame EndReason = "client refused a frame"
+	// EndClientError: the client closed with another protocol error code.
+	EndClientError EndReason = "client error"
+	EndOther       EndReason = "other"
 )
+
+// failed says whether a connection that ended for r failed: the client
+// dropped it mid-stream or refused what it was sent, or the server gave
+// up on it. A client that closes or goes away is not a failure.
+func (r EndReason) failed() bool {
+	switch r {
+	case EndReadError, EndWriteError, EndWriteTimeout, EndConsumerSlow, EndRefusedFrame, EndClientError:
+		return true
+	}
+	return false
+}
 
 // HealthConfig tunes consumer tracking. The zero value works.
 type HealthConfig struct {
@@ -53,9 +83,20 @@ type HealthConfig struct {
 	// estimated per consumer from its strings and the connections it
 	// remembers; least recently seen consumers are forgotten first.
 	MaxBytes int64
-	// Logger receives stuck and recovery reports; nil is slog.Default().
+	// ParkFor bounds how long a stuck consumer's reconnection at the
+	// cursor it is stuck at is held before it is served again, when the
+	// event it is stuck on breaks no protocol limit (default 1 min): the
+	// consumer may get past it on its own. One over a limit cannot be
+	// passed until it is repaired, so it is held ten times as long.
+	ParkFor time.Duration
+	// RepairPoll is how often the events consumers are stuck on are read
+	// again to notice a repair, made by this process or another (default
+	// 1 s). Nothing is read while no consumer is stuck.
+	RepairPoll time.Duration
+	// Logger receives the incident reports; nil is slog.Default().
 	Logger *slog.Logger
-	// Inspect describes the event at seq for the report (nil: seq only).
+	// Inspect describes the first event at or after seq for the report
+	// (nil: seq only, no holding, no repair noticed).
 	Inspect func(ctx context.Context, seq int64) (*eventlog.EventInfo, error)
 	// OnStuck is called once per incident (for metrics).
 	OnStuck func(ConsumerReport)
@@ -88,6 +129,11 @@ type StuckInfo struct {
 	Event      *eventlog.EventInfo `json:"event,omitempty"`
 	Reconnects int                 `json:"reconnects"`
 	Since      time.Time           `json:"since"`
+	// Held is how many of its connections are being held until the event
+	// is repaired (see HealthConfig.ParkFor).
+	Held int `json:"held,omitempty"`
+	// Command is the bulwark admin command that repairs the event.
+	Command string `json:"command"`
 }
 
 // ConsumerReport is what the admin API shows of one consumer.
@@ -100,13 +146,22 @@ type ConsumerReport struct {
 	LastSeen    time.Time    `json:"lastSeen"`
 	Recent      []ConnRecord `json:"recent"`
 	Stuck       *StuckInfo   `json:"stuck,omitempty"`
+	// Failing is the run of failed connections going on, if any.
+	Failing *FailureInfo `json:"failing,omitempty"`
+	// FutureCursor is set while the consumer asks for a cursor beyond our
+	// newest event.
+	FutureCursor *FutureCursorInfo `json:"futureCursor,omitempty"`
 }
 
 // Health tracks consumers. It is safe for concurrent use; the per-frame
-// path (Conn.Sent) takes no lock.
+// path (Conn.Sent) takes no lock. Run drives what is time-based: noticing
+// repairs and the end of incidents.
 type Health struct {
 	cfg HealthConfig
 	log *slog.Logger
+	// admission, when set, forgets the refusals of consumers whose event
+	// was repaired (UseAdmission).
+	admission atomic.Pointer[Admission]
 
 	mu        sync.Mutex
 	consumers map[consumerKey]*list.Element // of *consumer
@@ -116,6 +171,13 @@ type Health struct {
 	byIP map[string]*list.Element
 	// bytes is the estimated memory of the table (consumerCost summed).
 	bytes int64
+	// open holds the consumers with an incident going on (stuck, failing
+	// or ahead), which Run looks at.
+	open map[*consumer]struct{}
+	// warnings limits incident warnings across consumers; warningsHeld
+	// counts those not logged since the last one (allowWarning).
+	warnings     *rate.Limiter
+	warningsHeld int64
 }
 
 // MaxUserAgent is how much of a User-Agent the tracker keeps: enough for
@@ -149,11 +211,19 @@ type consumer struct {
 	lastSeen    time.Time
 	recent      []*Conn // oldest first
 	stuck       *StuckInfo
+	// release is closed when the stuck incident ends: the connections
+	// held meanwhile are then served. holdable says the connections that
+	// made it stuck failed (rather than closing cleanly): only then is
+	// serving the same event again futile.
+	release  chan struct{}
+	holdable bool
 	// headCursor/headAt remember that, when last checked, nothing followed
 	// the cursor this consumer keeps asking for: it is at the head, not
 	// stuck. Rechecked at most once a minute.
 	headCursor int64
 	headAt     time.Time
+	failing    *failureRun
+	future     *FutureCursorInfo
 }
 
 // NewHealth returns an empty tracker.
@@ -173,6 +243,12 @@ func NewHealth(cfg HealthConfig) *Health {
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = 16 << 20
 	}
+	if cfg.ParkFor <= 0 {
+		cfg.ParkFor = time.Minute
+	}
+	if cfg.RepairPoll <= 0 {
+		cfg.RepairPoll = time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -182,6 +258,8 @@ func NewHealth(cfg HealthConfig) *Health {
 		consumers: map[consumerKey]*list.Element{},
 		order:     list.New(),
 		byIP:      map[string]*list.Element{},
+		open:      map[*consumer]struct{}{},
+		warnings:  rate.NewLimiter(warnRate, warnBurst),
 	}
 }
 
@@ -194,7 +272,15 @@ type Conn struct {
 	frames  atomic.Int64
 	lastSeq atomic.Int64
 
-	// Set once by End, under h.mu.
+	// Set under h.mu: hold, while the connection is held (stuck.go);
+	// ended and reason once, by End.
+	hold    bool
+	holdFor *StuckInfo
+	// serving is when it began to be served: its start, or the end of
+	// its hold.
+	serving time.Time
+	// done is closed by End.
+	done   chan struct{}
 	ended  time.Time
 	reason EndReason
 }
@@ -209,7 +295,7 @@ func (h *Health) Start(ip, ua string, cursor *int64) *Conn {
 	before := c.cost()
 	c.connections++
 	c.active++
-	conn := &Conn{h: h, c: c, started: now}
+	conn := &Conn{h: h, c: c, started: now, serving: now, done: make(chan struct{})}
 	if cursor != nil {
 		v := *cursor
 		conn.cursor = &v
@@ -276,6 +362,10 @@ func (h *Health) shrink() {
 			delete(h.byIP, c.key.ip)
 		}
 		h.bytes -= c.cost()
+		// Connections held for it must not wait for a repair nobody
+		// will report to them.
+		h.endStuck(c)
+		delete(h.open, c)
 	}
 }
 
@@ -301,148 +391,30 @@ func (c *Conn) Sent(seq int64) {
 
 // End records why the subscription ended and checks whether the consumer is
 // now stuck. Only the first call counts.
-func (c *Conn) End(reason EndReason) {
+func (c *Conn) End(reason EndReason) { c.EndErr(reason, nil) }
+
+// EndErr is End with the error the subscription ended on, for the warning
+// that opens a run of failures.
+func (c *Conn) EndErr(reason EndReason, err error) {
 	h := c.h
 	h.mu.Lock()
 	if !c.ended.IsZero() {
 		h.mu.Unlock()
 		return
 	}
-	c.ended, c.reason = time.Now(), reason
+	now := time.Now()
+	c.ended, c.reason = now, reason
+	close(c.done)
 	c.c.active--
-	report, fresh := h.checkStuck(c.c)
+	c.unhold()
+	var logs []logLine
+	logs = h.noteEnd(c, err, now, logs)
+	report, fresh, logs := h.checkStuck(c.c, logs)
 	h.mu.Unlock()
+	h.emit(logs)
 	if fresh {
 		go h.announce(report)
 	}
-}
-
-// checkStuck flags the consumer when its last StuckAfter ended connections,
-// all within Window, asked for the same cursor and were sent something: a
-// consumer that keeps coming back for the same place is not getting past
-// the event there, whatever we wrote to its socket. It returns the report
-// and whether the incident is new. h.mu held.
-func (h *Health) checkStuck(c *consumer) (ConsumerReport, bool) {
-	var ended []*Conn
-	for i := len(c.recent) - 1; i >= 0 && len(ended) < h.cfg.StuckAfter; i-- {
-		if !c.recent[i].ended.IsZero() {
-			ended = append(ended, c.recent[i])
-		}
-	}
-	if len(ended) == 0 {
-		return ConsumerReport{}, false
-	}
-	last := ended[0]
-	if last.cursor == nil || (c.stuck != nil && *last.cursor != c.stuck.Cursor) {
-		if c.stuck != nil {
-			h.log.Info("firehose consumer recovered", "ip", c.key.ip, "user_agent", c.key.ua, "was_stuck_at", c.stuck.Seq)
-		}
-		c.stuck = nil
-		return ConsumerReport{}, false
-	}
-	if c.stuck != nil {
-		c.stuck.Reconnects++
-		return ConsumerReport{}, false
-	}
-	if len(ended) < h.cfg.StuckAfter {
-		return ConsumerReport{}, false
-	}
-	cutoff := time.Now().Add(-h.cfg.Window)
-	sent := false
-	var lastSent int64
-	for _, e := range ended {
-		if e.cursor == nil || *e.cursor != *last.cursor || e.started.Before(cutoff) {
-			return ConsumerReport{}, false
-		}
-		sent = sent || e.frames.Load() > 0
-		lastSent = max(lastSent, e.lastSeq.Load())
-	}
-	// A consumer at the head that reconnects is not stuck: something must
-	// follow its cursor. A frame written says so; otherwise (the write of an
-	// oversized frame fails when the client drops it) Inspect decides, in
-	// announce.
-	if !sent && (h.cfg.Inspect == nil || (c.headCursor == *last.cursor && time.Since(c.headAt) < time.Minute)) {
-		return ConsumerReport{}, false
-	}
-	c.stuck = &StuckInfo{Cursor: *last.cursor, Seq: *last.cursor + 1, LastSent: lastSent, Reconnects: len(ended), Since: ended[len(ended)-1].started}
-	return h.report(c), true
-}
-
-// announce fills in the event and warns, once per incident.
-func (h *Health) announce(r ConsumerReport) {
-	if h.cfg.Inspect != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ev, err := h.locate(ctx, r.Stuck)
-		if err == nil && ev == nil {
-			// Nothing follows the cursor: at the head, not stuck.
-			h.mu.Lock()
-			if el, ok := h.consumers[consumerKey{r.IP, r.UserAgent}]; ok {
-				if c := el.Value.(*consumer); c.stuck != nil && c.stuck.Cursor == r.Stuck.Cursor {
-					c.stuck, c.headCursor, c.headAt = nil, r.Stuck.Cursor, time.Now()
-				}
-			}
-			h.mu.Unlock()
-			return
-		}
-		if err == nil {
-			h.mu.Lock()
-			if el, ok := h.consumers[consumerKey{r.IP, r.UserAgent}]; ok {
-				if c := el.Value.(*consumer); c.stuck != nil && c.stuck.Cursor == r.Stuck.Cursor {
-					c.stuck.Seq, c.stuck.Event = ev.Seq, ev
-				}
-			}
-			h.mu.Unlock()
-			r.Stuck.Seq, r.Stuck.Event = ev.Seq, ev
-		}
-	}
-	attrs := []any{"ip", r.IP, "user_agent", r.UserAgent, "cursor", r.Stuck.Cursor, "seq", r.Stuck.Seq, "reconnects", r.Stuck.Reconnects}
-	if ev := r.Stuck.Event; ev != nil {
-		attrs = append(attrs, "kind", ev.Kind, "did", ev.DID, "frame_bytes", ev.FrameBytes, "blocks_bytes", ev.BlocksBytes, "ops", ev.Ops)
-		if len(ev.Problems) > 0 {
-			attrs = append(attrs, "breaks_limits", ev.Problems)
-		}
-	}
-	h.log.Warn("firehose consumer is stuck: it keeps reconnecting at the same cursor and never gets past the next event; inspect it with `bulwark admin firehose events --from SEQ` and repair with `bulwark admin firehose rewrite-as-sync --seq SEQ`", attrs...)
-	if h.cfg.OnStuck != nil {
-		h.cfg.OnStuck(r)
-	}
-}
-
-// locateWindow bounds how many events locate inspects.
-const locateWindow = 16
-
-// locate finds the event a stuck consumer cannot get past (see StuckInfo),
-// or nil when nothing follows its cursor.
-func (h *Health) locate(ctx context.Context, s *StuckInfo) (*eventlog.EventInfo, error) {
-	var first, lastSent *eventlog.EventInfo
-	seq := s.Cursor + 1
-	for range locateWindow {
-		ev, err := h.cfg.Inspect(ctx, seq)
-		if err != nil {
-			return nil, err
-		}
-		if ev == nil {
-			break
-		}
-		if len(ev.Problems) > 0 {
-			return ev, nil
-		}
-		if first == nil {
-			first = ev
-		}
-		if ev.Seq <= s.LastSent {
-			lastSent = ev
-		}
-		if ev.Seq > s.LastSent {
-			break // one past what it was sent
-		}
-		seq = ev.Seq + 1
-	}
-	if lastSent != nil {
-		return lastSent, nil
-	}
-	return first, nil
 }
 
 // report copies a consumer's state. h.mu held.
@@ -460,6 +432,14 @@ func (h *Health) report(c *consumer) ConsumerReport {
 	if c.stuck != nil {
 		s := *c.stuck
 		r.Stuck = &s
+	}
+	if c.failing != nil {
+		f := c.failing.FailureInfo
+		r.Failing = &f
+	}
+	if c.future != nil {
+		f := *c.future
+		r.FutureCursor = &f
 	}
 	return r
 }

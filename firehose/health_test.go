@@ -206,3 +206,70 @@ func nextStuck(t *testing.T, stuck chan ConsumerReport) ConsumerReport {
 		return ConsumerReport{}
 	}
 }
+
+// Incident warnings are one per consumer, and consumers are what clients
+// say they are (address and User-Agent): a client inventing agents gets
+// at most warnBurst warnings logged; every consumer is still tracked.
+func TestHealthBoundsIncidentWarnings(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	h := NewHealth(HealthConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	cursor := int64(1_000_000)
+	for i := range 100 {
+		c := h.Start("192.0.2.50", fmt.Sprint("agent/", i), &cursor)
+		c.FutureCursor(10)
+		c.End(EndFutureCursor)
+		f := h.Start("192.0.2.51", fmt.Sprint("agent/", i), nil)
+		f.End(EndWriteError)
+	}
+	require.Equal(t, warnBurst, strings.Count(logs.String(), "level=WARN"))
+	ahead, failing := 0, 0
+	for _, r := range h.Consumers() {
+		if r.FutureCursor != nil {
+			ahead++
+		}
+		if r.Failing != nil {
+			failing++
+		}
+	}
+	require.Equal(t, 100, ahead)
+	require.Equal(t, 100, failing)
+	require.Contains(t, logs.String(), "ahead_by=999990")
+}
+
+// A consumer that keeps refusing frames at a cursor has its next
+// connections held while the event after the cursor breaks a limit; if the
+// event was repaired before it was looked at (no limit broken any more),
+// none is held: no repair is coming to release it.
+func TestHealthHoldsOnlyWhileARepairCanRelease(t *testing.T) {
+	t.Parallel()
+	for _, repaired := range []bool{false, true} {
+		stuck := make(chan ConsumerReport, 1)
+		h := NewHealth(HealthConfig{
+			Logger: slog.New(slog.DiscardHandler),
+			Inspect: func(_ context.Context, seq int64) (*eventlog.EventInfo, error) {
+				if seq > 8 {
+					return nil, nil
+				}
+				ev := &eventlog.EventInfo{Seq: 8, Kind: eventlog.KindCommit, FrameBytes: 5_100_000, Problems: []string{"frame over 5,000,000 bytes"}}
+				if repaired {
+					ev.Kind, ev.FrameBytes, ev.Problems = eventlog.KindSync, 400, nil
+				}
+				return ev, nil
+			},
+			OnStuck: func(r ConsumerReport) { stuck <- r },
+		})
+		cursor := int64(7)
+		for range 3 {
+			h.Start("10.0.0.8", "relay/2", &cursor).End(EndRefusedFrame)
+		}
+		nextStuck(t, stuck)
+		release, limit := h.Start("10.0.0.8", "relay/2", &cursor).Hold(context.Background())
+		if repaired {
+			require.Nil(t, release, "nothing to wait for")
+			continue
+		}
+		require.NotNil(t, release)
+		require.Equal(t, 10*time.Minute, limit, "an event over a limit: until it is repaired")
+	}
+}

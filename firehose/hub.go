@@ -161,7 +161,8 @@ func (h *Hub) Notify(lastSeq int64) {
 
 // Run delivers new events to live subscribers until ctx ends, then closes
 // every subscription. It wakes on Notify, on NOTIFY from other processes'
-// sequencers, and every PollInterval.
+// sequencers, and every PollInterval. It also runs consumer health's
+// background checks (Health.Run).
 func (h *Hub) Run(ctx context.Context) error {
 	for {
 		last, err := h.log.LastSeq(ctx)
@@ -182,6 +183,11 @@ func (h *Hub) Run(ctx context.Context) error {
 	h.readyOnce.Do(func() { close(h.ready) })
 	defer h.Close()
 
+	if h.cfg.Health != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { _ = h.cfg.Health.Run(ctx) })
+	}
 	go h.listen(ctx)
 	tick := time.NewTicker(h.cfg.PollInterval)
 	defer tick.Stop()

@@ -104,17 +104,20 @@ func (h *Hub) Serve(ctx context.Context, conn *websocket.Conn, cursor *int64, cl
 		return nil
 	}
 	if err != nil {
-		s.end(endReasonFor(err))
+		s.endErr(endReasonFor(err), err)
 	}
 	return err
 }
 
 // end records why the subscription ended, for consumer health and the
 // metrics; the first reason recorded stands.
-func (s *subscription) end(r EndReason) {
+func (s *subscription) end(r EndReason) { s.endErr(r, nil) }
+
+// endErr is end with the error it ended on.
+func (s *subscription) endErr(r EndReason, err error) {
 	s.endOnce.Do(func() { s.reason = r })
 	if s.track != nil {
-		s.track.End(r)
+		s.track.EndErr(r, err)
 	}
 }
 
@@ -128,7 +131,10 @@ func (s *subscription) sent(seq int64) {
 // endReasonFor classifies the error a subscription ended on.
 func endReasonFor(err error) EndReason {
 	var ne net.Error
+	var ce *websocket.CloseError
 	switch {
+	case errors.As(err, &ce):
+		return closeReason(ce.Code)
 	case errors.As(err, &ne) && ne.Timeout():
 		return EndWriteTimeout
 	case errors.Is(err, net.ErrClosed), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET),
@@ -136,6 +142,18 @@ func endReasonFor(err error) EndReason {
 		return EndWriteError
 	}
 	return EndOther
+}
+
+// closeReason classifies the close code a client ended a subscription
+// with: 1009 says it refused a frame over its read limit, as relays do.
+func closeReason(code int) EndReason {
+	switch code {
+	case websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseNoStatusReceived, websocket.CloseAbnormalClosure:
+		return EndClientClosed
+	case websocket.CloseMessageTooBig:
+		return EndRefusedFrame
+	}
+	return EndClientError
 }
 
 // readLoop consumes what the client sends (pongs, pings, close) and
@@ -167,9 +185,13 @@ func (s *subscription) readLoop() {
 		_, r, err := c.NextReader()
 		if err != nil {
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			var ce *websocket.CloseError
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
 				s.end(EndReadError) // silent past PongTimeout
-			} else {
+			case errors.As(err, &ce):
+				s.endErr(closeReason(ce.Code), err)
+			default:
 				s.end(EndClientClosed)
 			}
 			return
@@ -186,8 +208,12 @@ func (s *subscription) run(ctx context.Context, cursor *int64) error {
 	queue := &liveQueue{signal: make(chan struct{}, 1)}
 	defer h.unregister(queue)
 	s.ping = time.Now()
+	if err := s.hold(ctx); err != nil {
+		return err
+	}
 
 	if cursor == nil {
+		s.served()
 		s.cur = h.register(queue)
 		return s.liveLoop(ctx, queue)
 	}
@@ -195,6 +221,7 @@ func (s *subscription) run(ctx context.Context, cursor *int64) error {
 	if err != nil || from < 0 {
 		return err
 	}
+	s.served()
 	s.cur = from
 	// Catch up through pages until the log is (nearly) exhausted, then
 	// join the live fan-out, then read the few events sequenced in between:
@@ -212,6 +239,51 @@ func (s *subscription) run(ctx context.Context, cursor *int64) error {
 	return s.liveLoop(ctx, queue)
 }
 
+// hold keeps a stuck consumer's connection waiting, answering pings and
+// doing no other work, until the event it is stuck on is repaired or
+// Health's time limit passes (see Conn.Hold).
+func (s *subscription) hold(ctx context.Context) error {
+	if s.track == nil {
+		return nil
+	}
+	release, limit := s.track.Hold(ctx)
+	if release == nil {
+		return nil
+	}
+	defer s.track.Unhold()
+	s.logger.Debug("holding a stuck consumer's connection until its event is repaired", "limit", limit)
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	tick := time.NewTicker(s.h.cfg.PingInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-release:
+			return nil
+		case <-timer.C:
+			return nil
+		case <-tick.C:
+			if err := s.maybePing(); err != nil {
+				return err
+			}
+		case <-s.ctl:
+			if err := s.answerPing(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// served records, for consumer health, that the subscription's cursor was
+// accepted.
+func (s *subscription) served() {
+	if s.track != nil {
+		s.track.Served()
+	}
+}
+
 // resolve turns a cursor into the seq to replay after, reading only seqs
 // and creation times. A negative result means the subscription is over (an
 // error frame was sent).
@@ -223,6 +295,9 @@ func (s *subscription) resolve(ctx context.Context, cursor int64) (int64, error)
 	}
 	if cursor > last {
 		s.logger.Debug("future cursor", "last_seq", last)
+		if s.track != nil {
+			s.track.FutureCursor(last)
+		}
 		return -1, s.fail(ErrNameFutureCursor, "cursor is beyond the latest event")
 	}
 	windowStart := time.Now().Add(-h.cfg.Retention)

@@ -115,7 +115,7 @@ func (s *Server) refuseSubscription(r *http.Request, client netip.Addr, retry ti
 }
 
 // newSubscribeAdmission builds the subscribeRepos admission controller
-// from the configuration.
+// from the configuration, for opts.Firehose.
 func newSubscribeAdmission(opts Options) *firehose.Admission {
 	cfg := firehose.AdmissionConfig{
 		Rate:           opts.Config.FirehoseRate.Limit(),
@@ -127,5 +127,10 @@ func newSubscribeAdmission(opts Options) *firehose.Admission {
 	if opts.FirehoseAdmission != nil {
 		cfg = *opts.FirehoseAdmission
 	}
-	return firehose.NewAdmission(cfg)
+	a := firehose.NewAdmission(cfg)
+	if h := opts.Firehose.Health(); h != nil {
+		// A repair lets the consumers stuck on the event straight back in.
+		h.UseAdmission(a)
+	}
+	return a
 }

@@ -8,6 +8,10 @@
 // for us (active, idle, offline, throttled, banned); an XRPC HostNotFound
 // error means it does not know us, and the watch asks it to crawl again.
 // Compared with our own head seq, the answers give each relay one State.
+// A relay is stuck when it reports the same seq on StuckChecks checks in a
+// row while the first event after it has existed for StuckFor: relays
+// report the position they last saved, every few seconds, so a seq that
+// stands still between two close checks says nothing.
 // Entering a bad state logs one warning naming the relay, its seq, the
 // event after it (kind, size, the limit it breaks) and the `bulwark admin
 // firehose` command that would repair it; recovery logs one info line.

@@ -18,7 +18,8 @@ const (
 	// seqs, or its oldest unread event is older than BehindFor.
 	StateBehind State = "behind"
 	// StateStuck: the relay reported the same seq on StuckChecks checks in
-	// a row while newer events exist: it cannot get past the next one.
+	// a row while newer events exist, the first of them for StuckFor: it
+	// cannot get past the next one.
 	StateStuck State = "stuck"
 	// StateAhead: the relay's seq for us is above our head (our sequence
 	// went back, e.g. a restored database): it will refuse our stream
@@ -299,7 +300,7 @@ func (w *Watch) lagState(r *relay, head headObs, now time.Time) State {
 		return StatePending
 	case r.seq >= head.seq:
 		return StateHealthy
-	case r.sameChecks >= w.cfg.StuckChecks:
+	case r.sameChecks >= w.cfg.StuckChecks && r.unreadAge >= w.cfg.StuckFor:
 		return StateStuck
 	case head.seq-r.seq > w.cfg.BehindEvents || r.unreadAge > w.cfg.BehindFor:
 		return StateBehind

@@ -18,7 +18,8 @@ const (
 	DefaultTimeout       = 10 * time.Second
 	DefaultBehindEvents  = 10_000
 	DefaultBehindFor     = 5 * time.Minute
-	DefaultStuckChecks   = 3
+	DefaultStuckChecks   = 2
+	DefaultStuckFor      = 30 * time.Second
 	DefaultCrawlInterval = 20 * time.Minute
 	DefaultMaxObserved   = 16
 )
@@ -105,8 +106,17 @@ type Config struct {
 	// than this is behind (default 5 min).
 	BehindFor time.Duration
 	// StuckChecks: a relay reporting the same seq on this many checks in a
-	// row while newer events exist is stuck (default 3).
+	// row while newer events exist, the first of them for at least
+	// StuckFor, is stuck (default 2: stuck on the second check after our
+	// head passed it, within two intervals).
 	StuckChecks int
+	// StuckFor: how long, at least, the first event after a stuck relay's
+	// seq has existed (default 30 s). Relays save their position every few
+	// seconds (indigo's relay every 4 s) and report the saved one, so
+	// between two saves a healthy relay reports the same seq while newer
+	// events exist; with checks closer together than that, StuckChecks
+	// alone would flag it.
+	StuckFor time.Duration
 	// CrawlInterval is the least time between two requestCrawl calls to
 	// one relay (default 20 min, as the reference PDS).
 	CrawlInterval time.Duration
@@ -194,6 +204,9 @@ func withDefaults(cfg Config) Config {
 	}
 	if cfg.StuckChecks <= 0 {
 		cfg.StuckChecks = DefaultStuckChecks
+	}
+	if cfg.StuckFor <= 0 {
+		cfg.StuckFor = DefaultStuckFor
 	}
 	if cfg.CrawlInterval <= 0 {
 		cfg.CrawlInterval = DefaultCrawlInterval

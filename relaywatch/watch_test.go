@@ -3,6 +3,7 @@ package relaywatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -322,6 +323,7 @@ func TestFlappingWarnsOnce(t *testing.T) {
 	e.head.set(20, e.clock.Now())
 	f.set("active", 10)
 	e.check(t, f)
+	e.clock.Advance(time.Minute)
 	require.Equal(t, relaywatch.StateStuck, e.check(t, f).State)
 	for range 3 {
 		f.serveRaw("nonsense")
@@ -341,6 +343,7 @@ func TestHeadFailureKeepsState(t *testing.T) {
 	e.head.set(20, e.clock.Now())
 	f.set("active", 10)
 	e.check(t, f)
+	e.clock.Advance(time.Minute)
 	require.Equal(t, relaywatch.StateStuck, e.check(t, f).State)
 	e.head.fail(errors.New("database down"))
 	require.Equal(t, relaywatch.StateStuck, e.check(t, f).State)
@@ -434,4 +437,76 @@ func TestRun(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	require.GreaterOrEqual(t, metric(t, e.reg, "bulwark_relay_checks_total", map[string]string{"relay": f.name(), "result": "ok"}), 1.0)
+}
+
+// With the default settings a relay that stops is stuck on the second
+// check after our head passed it: within two intervals.
+func TestStuckWithinTwoIntervalsByDefault(t *testing.T) {
+	f := newFakeRelay(t)
+	e := newEnv(t, relaywatch.Config{}, f)
+	e.events.byseq[101] = relaywatch.EventInfo{Seq: 101, Kind: "commit", DID: "did:plc:big", Size: 6_000_000, BrokenLimit: oversize}
+	e.head.set(100, e.clock.Now())
+	f.set("active", 100)
+	require.Equal(t, relaywatch.StateHealthy, e.check(t, f).State)
+
+	// The relay stops at 100; our head moves on.
+	e.clock.Advance(time.Minute)
+	e.head.set(105, e.clock.Now())
+	r := e.check(t, f)
+	require.Equal(t, relaywatch.StateHealthy, r.State)
+	require.Equal(t, 1, r.SameSeqChecks)
+	e.clock.Advance(time.Minute)
+	e.head.set(110, e.clock.Now())
+	r = e.check(t, f)
+	require.Equal(t, relaywatch.StateStuck, r.State, "the second check at the same seq")
+	require.Equal(t, int64(101), r.Event.Seq)
+	require.Len(t, e.alerts.all(), 1)
+}
+
+// A healthy relay reports the position it last saved, and indigo's saves
+// it every 4 s: checked every 2 s, it reports the same seq on two or three
+// checks in a row while newer events exist, then jumps. It is never
+// flagged, whatever the number of checks; a relay that really stops is,
+// once its oldest unread event has waited StuckFor.
+func TestSteppedRelayIsNotStuck(t *testing.T) {
+	for _, checks := range []int{0, 2, 3} {
+		t.Run(fmt.Sprintf("stuck checks %d", checks), func(t *testing.T) {
+			f := newFakeRelay(t)
+			e := newEnv(t, relaywatch.Config{Interval: 2 * time.Second, StuckChecks: checks}, f)
+			for s := int64(1000); s < 3000; s++ {
+				e.events.byseq[s] = relaywatch.EventInfo{Seq: s, Kind: "commit", DID: "did:plc:busy", Size: 900}
+			}
+			start := e.clock.Now()
+			// Two events a second. The relay reads each within 300 ms and
+			// saves its position every 4.1 s.
+			headAt := func(d time.Duration) int64 { return 1000 + int64(2*max(d, 0)/time.Second) }
+			const save = 4100 * time.Millisecond
+			for range 300 {
+				d := e.clock.Now().Sub(start)
+				e.head.set(headAt(d), e.clock.Now())
+				f.set("active", headAt(d/save*save-300*time.Millisecond))
+				r := e.check(t, f)
+				require.NotEqual(t, relaywatch.StateStuck, r.State, "at %s: relay %d, head %d", d, *r.Seq, *r.Head)
+				e.clock.Advance(2 * time.Second)
+			}
+			require.Empty(t, e.logs.at(slog.LevelWarn, ""))
+			require.Empty(t, e.alerts.all())
+
+			// The relay stops; our head goes on.
+			stopped := headAt(e.clock.Now().Sub(start) - 300*time.Millisecond)
+			f.set("active", stopped)
+			n := 0
+			for ; n < 30; n++ {
+				e.head.set(headAt(e.clock.Now().Sub(start)), e.clock.Now())
+				if e.check(t, f).State == relaywatch.StateStuck {
+					break
+				}
+				e.clock.Advance(2 * time.Second)
+			}
+			require.Less(t, n, 30, "a relay that stopped is flagged")
+			require.GreaterOrEqual(t, time.Duration(n)*2*time.Second, 28*time.Second, "not before its oldest unread event waited the default 30 s")
+			require.Len(t, e.alerts.all(), 1)
+			require.Equal(t, stopped+1, e.alerts.all()[0].Report.Event.Seq)
+		})
+	}
 }

@@ -11,9 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/bulwark-pds/bulwark/backup"
 	"github.com/bulwark-pds/bulwark/config"
 	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/eventlog"
 )
 
 // restoreStagingDir is where `restore --from -` unpacks the stream, inside
@@ -49,7 +52,7 @@ Flags:
 		return 2
 	}
 	logger := cfg.NewLogger(stderr)
-	m, err := restoreBackup(ctx, cfg, *from, *force, *binDir, stdin, logger)
+	m, lastSeq, err := restoreBackup(ctx, cfg, *from, *force, *binDir, stdin, logger)
 	if err != nil {
 		fmt.Fprintln(stderr, "bulwark restore:", err)
 		return 1
@@ -58,28 +61,48 @@ Flags:
 	if m.Hostname != "" && m.Hostname != cfg.Hostname {
 		fmt.Fprintf(stdout, "\nWARNING: the backup is of %s but the configured host name is %s: serve it as %s (BULWARK_HOSTNAME), which its accounts' DIDs and handles name.\n", m.Hostname, cfg.Hostname, m.Hostname)
 	}
-	fmt.Fprintf(stdout, "\nNext: start the server (bulwark serve) with BULWARK_HOSTNAME=%s; pending migrations run at start.\n", m.Hostname)
+	printRestoreNext(stdout, m, lastSeq)
 	return 0
 }
 
-func restoreBackup(ctx context.Context, cfg *config.Config, from string, force bool, binDir string, stdin io.Reader, logger *slog.Logger) (*backup.Manifest, error) {
+// printRestoreNext prints what to do after a restore. lastSeq is the
+// restored firehose's last seq (negative: unknown).
+func printRestoreNext(w io.Writer, m *backup.Manifest, lastSeq int64) {
+	fmt.Fprintf(w, "\nNext: start the server (bulwark serve) with BULWARK_HOSTNAME=%s; pending migrations run at start.\n", m.Hostname)
+	at := "its last event"
+	if lastSeq >= 0 {
+		at = fmt.Sprintf("seq %d", lastSeq)
+	}
+	fmt.Fprintf(w, `Next: the restored firehose ends at %s. Relays and other consumers that read the server after this backup was taken
+hold cursors beyond it and are refused (FutureCursor), reading nothing, until the sequence is raised past them.
+Once the server runs, raise it to the highest cursor they hold (the old server's last seq, if known; the server
+logs each consumer it refuses with FutureCursor, with its cursor, and the relay watch reports relays "ahead"):
+  bulwark admin firehose raise-seq --floor CURSOR --reason "restored the backup of %s"
+Then announce the accounts that committed after the backup: bulwark admin firehose emit-sync --did DID (docs/BACKUP.md).
+`, at, m.CreatedAt.UTC().Format("2006-01-02 15:04Z"))
+}
+
+// restoreBackup restores the backup at from into cfg's data dir and
+// database, and returns its manifest and the restored firehose's last seq
+// (-1 when it cannot be read).
+func restoreBackup(ctx context.Context, cfg *config.Config, from string, force bool, binDir string, stdin io.Reader, logger *slog.Logger) (*backup.Manifest, int64, error) {
 	if !force {
 		if err := requireEmpty(cfg.DataDir); err != nil {
-			return nil, err
+			return nil, -1, err
 		}
 		if cfg.BlobS3Bucket == "" && !within(cfg.BlobDir, cfg.DataDir) {
 			if err := requireEmpty(cfg.BlobDir); err != nil {
-				return nil, err
+				return nil, -1, err
 			}
 		}
 	}
 	if err := requireOwner(cfg.DataDir, "restore"); err != nil {
-		return nil, err
+		return nil, -1, err
 	}
 	// 0711: under root the managed Postgres runs as another user, which
 	// must reach <data-dir>/postgres.
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
-		return nil, fmt.Errorf("create data dir: %w", err)
+		return nil, -1, fmt.Errorf("create data dir: %w", err)
 	}
 	var b *backup.Backup
 	var err error
@@ -89,7 +112,7 @@ func restoreBackup(ctx context.Context, cfg *config.Config, from string, force b
 		b, err = backup.Open(ctx, from)
 	}
 	if err != nil {
-		return nil, err
+		return nil, -1, err
 	}
 	defer b.Close()
 
@@ -106,7 +129,7 @@ func restoreBackup(ctx context.Context, cfg *config.Config, from string, force b
 	if target.DatabaseURL == "" {
 		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: filepath.Join(cfg.DataDir, ManagedPostgresDir), Logger: logger})
 		if err != nil {
-			return nil, fmt.Errorf("managed postgres (no server may run on the target data dir): %w", err)
+			return nil, -1, fmt.Errorf("managed postgres (no server may run on the target data dir): %w", err)
 		}
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
@@ -119,11 +142,26 @@ func restoreBackup(ctx context.Context, cfg *config.Config, from string, force b
 	}
 	if err := b.Restore(ctx, target); err != nil {
 		if errors.Is(err, backup.ErrNotEmpty) {
-			return nil, err
+			return nil, -1, err
 		}
-		return nil, fmt.Errorf("%w (the target is incomplete: empty the data dir, or restore again with --force)", err)
+		return nil, -1, fmt.Errorf("%w (the target is incomplete: empty the data dir, or restore again with --force)", err)
 	}
-	return b.Manifest, nil
+	return b.Manifest, restoredLastSeq(ctx, target.DatabaseURL, logger), nil
+}
+
+// restoredLastSeq reads the restored firehose's last seq, or -1: it is
+// only for the advice printed afterwards.
+func restoredLastSeq(ctx context.Context, url string, logger *slog.Logger) int64 {
+	pool, err := pgxpool.New(ctx, url)
+	if err == nil {
+		defer pool.Close()
+		var last int64
+		if last, err = eventlog.NewLog(pool).LastSeq(ctx); err == nil {
+			return last
+		}
+	}
+	logger.Warn("reading the restored firehose's last seq", "err", err)
+	return -1
 }
 
 // requireEmpty refuses a directory that holds anything (lost+found, which a

@@ -241,6 +241,17 @@ func writesAfterRestore(t *testing.T, s *liveServer, u testUser) {
 	s.createRecord(t, token, u.did, "com.example.note", map[string]any{"$type": "com.example.note", "text": "after the restore"})
 }
 
+// requireRaiseSeqAdvice: restore's last lines say where the restored
+// firehose ends and how to let consumers that read past it back in.
+func requireRaiseSeqAdvice(t *testing.T, stdout string, before content) {
+	t.Helper()
+	last, ok := frameSeq(t, before.frames[len(before.frames)-1])
+	require.True(t, ok)
+	require.Contains(t, stdout, fmt.Sprintf("Next: the restored firehose ends at seq %d.", last))
+	require.Contains(t, stdout, "(FutureCursor)")
+	require.Contains(t, stdout, "bulwark admin firehose raise-seq --floor CURSOR")
+}
+
 // TestBackupRestoreManaged backs up a running server on the managed
 // Postgres into a directory, restores it into a fresh data dir, and serves
 // the same repositories, blobs, listing and firehose from it.
@@ -273,6 +284,7 @@ func TestBackupRestoreManaged(t *testing.T) {
 	code, stdout, errOut = cli("restore", "--from", out, "--data-dir", dst, "--hostname", src.hostname)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, stdout, "restored into "+dst)
+	requireRaiseSeqAdvice(t, stdout, before)
 	restored := startLiveServer(t, serverOptions{managed: true, dataDir: dst, hostname: src.hostname, plcURL: plc.URL})
 	requireSameContent(t, before, restored.read(t, users))
 	writesAfterRestore(t, restored, users[0])
@@ -321,6 +333,7 @@ func TestBackupRestoreExternal(t *testing.T) {
 	code = runRestore(context.Background(), append(args, "--force"), bytes.NewReader(stream.Bytes()), &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	require.NoDirExists(t, filepath.Join(dst, restoreStagingDir))
+	requireRaiseSeqAdvice(t, out.String(), before)
 	restored := startLiveServer(t, serverOptions{dataDir: dst, databaseURL: target, hostname: src.hostname, plcURL: plc.URL})
 	requireSameContent(t, before, restored.read(t, users))
 	writesAfterRestore(t, restored, users[1])

@@ -57,7 +57,10 @@ func newAlerts(cfg *config.Config, logger *slog.Logger) (*alert.Webhook, []servi
 }
 
 // consumerStuckAlert is firehose.HealthConfig.OnStuck: a stuck consumer
-// becomes an alert.
+// becomes an alert. Its incident is the event it is stuck on, as is that of
+// the relay watch's relay_stuck alert for a relay stuck there: one
+// incident, one alert, whichever sees it first (consumer health, at once;
+// the relay watch, within two checks).
 func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 	return func(r firehose.ConsumerReport) {
 		summary := fmt.Sprintf("firehose consumer %s (%s) keeps reconnecting at cursor %d and cannot get past seq %d",
@@ -69,11 +72,35 @@ func consumerStuckAlert(hook *alert.Webhook) func(firehose.ConsumerReport) {
 			}
 			summary += ")"
 		}
-		summary += fmt.Sprintf("; repair: bulwark admin firehose rewrite-as-sync --seq %d", r.Stuck.Seq)
+		command := r.Stuck.Command
+		if command == "" {
+			command = fmt.Sprintf("bulwark admin firehose rewrite-as-sync --seq %d", r.Stuck.Seq)
+		}
+		summary += "; repair: " + command
 		hook.Send(alert.Alert{
-			Kind: alert.KindConsumerStuck, Subject: r.IP + " " + r.UserAgent, Severity: alert.SeverityCritical,
-			Summary: summary, Details: r.Stuck,
+			Kind: alert.KindConsumerStuck, Subject: r.IP + " " + r.UserAgent, Incident: alert.StuckIncident(r.Stuck.Seq),
+			Severity: alert.SeverityCritical, Summary: summary, Details: r.Stuck,
 		})
+	}
+}
+
+// relayAlerter sends the relay watch's incidents to hook; a stuck relay's
+// incident is the event it cannot pass (see consumerStuckAlert).
+func relayAlerter(hook *alert.Webhook, mayAlert func() bool) relaywatch.AlerterFunc {
+	return func(inc relaywatch.Incident) {
+		if !mayAlert() {
+			return
+		}
+		a := alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report}
+		if inc.Kind == alert.KindRelayStuck {
+			switch rep := inc.Report; {
+			case rep.Event != nil:
+				a.Incident = alert.StuckIncident(rep.Event.Seq)
+			case rep.Seq != nil:
+				a.Incident = alert.StuckIncident(*rep.Seq + 1)
+			}
+		}
+		hook.Send(a)
 	}
 }
 
@@ -105,15 +132,11 @@ func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, may
 	head, events := console.WatchSources(log)
 	watch, err := relaywatch.New(relaywatch.Config{
 		Hostname: cfg.Hostname, Relays: cfg.Crawlers, Head: head, Events: events,
-		Alerter: relaywatch.AlerterFunc(func(inc relaywatch.Incident) {
-			if !mayAlertRelays() {
-				return
-			}
-			hook.Send(alert.Alert{Kind: inc.Kind, Subject: inc.Relay, Severity: alert.Severity(inc.Severity), Summary: inc.Summary, Details: inc.Report})
-		}),
+		Alerter:  relayAlerter(hook, mayAlertRelays),
 		Client:   operatorClient(cfg, logger, cfg.RelayWatchTimeout),
 		Interval: cfg.RelayWatchInterval, Timeout: cfg.RelayWatchTimeout,
 		BehindEvents: int64(cfg.RelayBehindEvents), BehindFor: cfg.RelayBehindFor, StuckChecks: cfg.RelayStuckChecks,
+		StuckFor:   cfg.RelayStuckFor,
 		Registerer: serverMetrics, Logger: logger,
 	})
 	if err != nil {

@@ -45,6 +45,7 @@ func TestConsumerStuckAlert(t *testing.T) {
 	require.Equal(t, "192.0.2.9 indigo-relay (atproto-relay)", a.Subject)
 	require.Contains(t, a.Summary, "cannot get past seq 42 (#commit, 5100000 bytes; frame is 5100000 bytes")
 	require.Contains(t, a.Summary, "bulwark admin firehose rewrite-as-sync --seq 42")
+	require.Equal(t, "firehose-stuck:seq:42", a.Incident)
 }
 
 // The operator's endpoints given as IP addresses or localhost are the

@@ -88,12 +88,37 @@ func newRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *repa
 // startRepairEnv starts the server with no account yet.
 func startRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *repairEnv {
 	t.Helper()
+	return startRepairEnvWith(t, ctx, repairOptions{disableFallback: disableFallback})
+}
+
+// repairOptions tune startRepairEnvWith.
+type repairOptions struct {
+	// disableFallback serves events over the relay limits as stored.
+	disableFallback bool
+	// admission is the subscribeRepos admission (default: loopback
+	// allowed, as a known relay would be).
+	admission *firehose.AdmissionConfig
+	// logger receives the server's and the firehose's logs (default:
+	// none).
+	logger *slog.Logger
+}
+
+// startRepairEnvWith starts the server with no account yet.
+func startRepairEnvWith(t *testing.T, ctx context.Context, o repairOptions) *repairEnv {
+	t.Helper()
+	if o.logger == nil {
+		o.logger = quiet
+	}
+	if o.admission == nil {
+		// The test's consumers all come from loopback and redial at once.
+		o.admission = &firehose.AdmissionConfig{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, MaxPerClient: 64}
+	}
 	pool := dbtest.New(t)
 	ks := repotest.NewKeys()
 	seq := eventlog.NewSequencer(pool, eventlog.SequencerConfig{Logger: quiet})
 	evlog := eventlog.NewLog(pool)
 	health := firehose.NewHealth(firehose.HealthConfig{
-		Logger: quiet,
+		Logger: o.logger,
 		Inspect: func(ctx context.Context, seq int64) (*eventlog.EventInfo, error) {
 			evs, err := evlog.Inspect(ctx, eventlog.EventFilter{FromSeq: seq, Limit: 1})
 			if err != nil || len(evs) == 0 {
@@ -102,7 +127,7 @@ func startRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *re
 			return &evs[0], nil
 		},
 	})
-	hub := firehose.NewHub(pool, firehose.Config{Logger: quiet, Health: health, DisableOversizeSync: disableFallback})
+	hub := firehose.NewHub(pool, firehose.Config{Logger: o.logger, Health: health, DisableOversizeSync: o.disableFallback})
 	seq.OnSequenced(hub.Notify)
 	engine := repo.New(pool, ks, seq, repo.Config{Logger: quiet})
 	var wg sync.WaitGroup
@@ -119,11 +144,7 @@ func startRepairEnv(t *testing.T, ctx context.Context, disableFallback bool) *re
 	cfg.Hostname = fmt.Sprintf("localhost:%d", port)
 	cfg.AdminPassword = "repair-test-admin"
 	require.NoError(t, cfg.Finalize())
-	srv, err := pds.New(pds.Options{
-		Config: cfg, DB: pool, Logger: quiet, Firehose: hub,
-		// The test's consumers all come from loopback and redial at once.
-		FirehoseAdmission: &firehose.AdmissionConfig{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, MaxPerClient: 64},
-	})
+	srv, err := pds.New(pds.Options{Config: cfg, DB: pool, Logger: o.logger, Firehose: hub, FirehoseAdmission: o.admission})
 	require.NoError(t, err)
 	hs := &http.Server{Handler: srv.Handler()}
 	go func() { _ = hs.Serve(ln) }()
@@ -449,6 +470,14 @@ func TestIndigoRelayResumesAfterRewriteAsSync(t *testing.T) {
 
 	var stuck *firehose.StuckInfo
 	var who firehose.ConsumerReport
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, c := range e.hub.Health().Consumers() {
+				t.Logf("consumer %+v, stuck %+v, failing %+v", c, c.Stuck, c.Failing)
+			}
+			t.Logf("bad seq %d; the relay's log:\n%s", e.badSeq, logs.String())
+		}
+	})
 	require.Eventually(t, func() bool {
 		for _, c := range e.hub.Health().Consumers() {
 			if c.Stuck != nil && c.Stuck.Event != nil && c.Stuck.Seq == e.badSeq {
