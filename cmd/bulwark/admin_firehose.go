@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/firehose"
 )
 
 // firehoseCommands inspect and repair the firehose's event log
@@ -192,23 +194,10 @@ func runFirehoseConsumers(ctx context.Context, a *adminRun, cmd *adminCommand, a
 	return a.output(res, res.print)
 }
 
-// consumersOutput is listConsumers' answer (firehose.ConsumerReport).
+// consumersOutput is listConsumers' answer.
 type consumersOutput struct {
-	Consumers []struct {
-		IP          string    `json:"ip"`
-		UserAgent   string    `json:"userAgent"`
-		Connections int64     `json:"connections"`
-		Refused     int64     `json:"refused"`
-		Active      int       `json:"active"`
-		LastSeen    time.Time `json:"lastSeen"`
-		Stuck       *struct {
-			Cursor     int64     `json:"cursor"`
-			Seq        int64     `json:"seq"`
-			Reconnects int       `json:"reconnects"`
-			Since      time.Time `json:"since"`
-		} `json:"stuck,omitempty"`
-	} `json:"consumers"`
-	Stuck int `json:"stuck"`
+	Consumers []firehose.ConsumerReport `json:"consumers"`
+	Stuck     int                       `json:"stuck"`
 }
 
 func (res consumersOutput) print(w io.Writer) error {
@@ -224,6 +213,8 @@ func (res consumersOutput) print(w io.Writer) error {
 		if s := c.Stuck; s != nil {
 			state = fmt.Sprintf("STUCK at seq %d (cursor %d, %d reconnects since %s)", s.Seq, s.Cursor, s.Reconnects, s.Since.UTC().Format(time.RFC3339))
 			stuck = append(stuck, s.Seq)
+		} else if f := c.FutureCursor; f != nil {
+			state = fmt.Sprintf("AHEAD: cursor %d beyond our newest seq %d (%d refusals); if our sequence went back (a restored backup): %s", f.Cursor, f.Head, f.Refusals, f.Command)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", c.IP, orDash(c.UserAgent), c.Active, c.Connections, c.Refused, c.LastSeen.UTC().Format(time.RFC3339), state)
 	}
