@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,8 +18,26 @@ import (
 // fakeRelay records the requestCrawl calls it gets; fail makes it refuse.
 func fakeRelay(t *testing.T, fail bool) (string, <-chan string) {
 	t.Helper()
+	srv, got := newFakeRelay(fail)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, got
+}
+
+// fakeRelayOn is fakeRelay serving on ln.
+func fakeRelayOn(t *testing.T, ln net.Listener) (string, <-chan string) {
+	t.Helper()
+	srv, got := newFakeRelay(false)
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, got
+}
+
+func newFakeRelay(fail bool) (*httptest.Server, chan string) {
 	got := make(chan string, 16)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/xrpc/com.atproto.sync.requestCrawl" || r.Method != http.MethodPost {
 			http.NotFound(w, r)
 			return
@@ -35,8 +54,7 @@ func fakeRelay(t *testing.T, fail bool) (string, <-chan string) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte("{}"))
 	}))
-	t.Cleanup(srv.Close)
-	return srv.URL, got
+	return srv, got
 }
 
 // field reads "Label   value" from a two-column text table.

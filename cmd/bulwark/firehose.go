@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,7 +43,11 @@ func newFirehose(cfg *config.Config, pool *pgxpool.Pool, role *clusterRole, logg
 	pruner := eventlog.NewPruner(pool, eventlog.PrunerConfig{Retention: cfg.FirehoseRetention, Logger: logger})
 	var crawl *firehose.CrawlNotifier
 	if len(cfg.Crawlers) > 0 {
-		crawl = firehose.NewCrawlNotifier(firehose.CrawlConfig{Hostname: cfg.Hostname, Crawlers: cfg.Crawlers, Logger: logger})
+		// The relays are the operator's endpoints: called through the
+		// guarded client, which reaches private addresses only where
+		// --crawlers names them by address or --proxy-allow-private
+		// allows them.
+		crawl = firehose.NewCrawlNotifier(firehose.CrawlConfig{Hostname: cfg.Hostname, Crawlers: cfg.Crawlers, Client: operatorClient(cfg, logger, 30*time.Second), Logger: logger})
 		seq.OnSequenced(crawl.Notify)
 	}
 	// The relays are told of new events by the node that numbers them.

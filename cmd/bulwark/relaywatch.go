@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -156,37 +155,9 @@ func newWatchers(cfg *config.Config, log *eventlog.Log, hook *alert.Webhook, may
 // network works without opening the client to anything else.
 func operatorClient(cfg *config.Config, logger *slog.Logger, timeout time.Duration) *http.Client {
 	urls := append([]string{cfg.AlertWebhook}, cfg.Crawlers...)
-	allow := append(literalHosts(urls), cfg.ProxyAllowPrivate...)
+	allow := append(outbound.LiteralHosts(urls), cfg.ProxyAllowPrivate...)
 	c := outbound.New(outbound.Config{AllowCIDRs: allow, Timeout: timeout, MaxResponseBytes: 1 << 20, Logger: logger})
 	return c.HTTPClient()
-}
-
-// literalHosts are the networks of the URLs' hosts given as IP addresses
-// (or localhost), one host each.
-func literalHosts(urls []string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, raw := range urls {
-		if raw == "" {
-			continue
-		}
-		if !strings.Contains(raw, "://") {
-			raw = "https://" + raw
-		}
-		u, err := url.Parse(raw)
-		if err != nil {
-			continue
-		}
-		host := u.Hostname()
-		if strings.EqualFold(host, "localhost") {
-			out = append(out, netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"))
-			continue
-		}
-		if a, err := netip.ParseAddr(host); err == nil {
-			a = a.Unmap()
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	return out
 }
 
 // webhookHost is the webhook's host, which may be logged (its path and

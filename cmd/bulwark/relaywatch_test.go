@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,12 +47,3 @@ func TestConsumerStuckAlert(t *testing.T) {
 	require.Equal(t, "firehose-stuck:seq:42", a.Incident)
 }
 
-// The operator's endpoints given as IP addresses or localhost are the
-// private networks the outbound client may reach; names are not.
-func TestLiteralHosts(t *testing.T) {
-	t.Parallel()
-	got := literalHosts([]string{"", "https://bsky.network", "http://10.1.2.3:2470", "localhost:3000", "https://[fd00::1]/hook?token=x", "::bad"})
-	require.Equal(t, []netip.Prefix{
-		netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("fd00::1/128"),
-	}, got)
-}
