@@ -46,4 +46,3 @@ func TestConsumerStuckAlert(t *testing.T) {
 	require.Contains(t, a.Summary, "bulwark admin firehose rewrite-as-sync --seq 42")
 	require.Equal(t, "firehose-stuck:seq:42", a.Incident)
 }
-
