@@ -95,6 +95,9 @@ type Config struct {
 	// URL receives each alert as a JSON POST (empty: alerts are dropped).
 	// It is never logged: webhook URLs often carry a token.
 	URL string
+	// Format is the body's shape (default FormatAuto: a Slack or Discord
+	// webhook gets a chat message, anything else the Alert as JSON).
+	Format Format
 	// Host names this server in every alert (the public hostname).
 	Host string
 	// Client makes the POSTs (default: a plain client; pass the server's
@@ -163,6 +166,7 @@ func New(cfg Config) (*Webhook, error) {
 		}
 	}
 	cfg = withDefaults(cfg)
+	cfg.Format = ResolveFormat(cfg.Format, cfg.URL)
 	w := &Webhook{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "alert"),
@@ -237,7 +241,7 @@ func (w *Webhook) Send(a Alert) bool {
 	if a.Severity == "" {
 		a.Severity = SeverityWarning
 	}
-	body, err := encode(a)
+	body, err := encodeAs(w.cfg.Format, a)
 	if err != nil {
 		w.log.Error("alert cannot be encoded", "kind", a.Kind, "subject", a.Subject, "err", err)
 		return false

@@ -264,6 +264,10 @@ type Config struct {
 	// consumer, a storm of 503s) as JSON POSTs. Empty means none. It is
 	// treated as a secret: webhook URLs often carry a token.
 	AlertWebhook string
+	// AlertWebhookFormat is the shape alerts are POSTed in: auto (a Slack
+	// or Discord webhook URL gets a chat message, any other URL the alert
+	// as JSON), json, slack or discord.
+	AlertWebhookFormat string
 	// OverloadStormThreshold is how many 503 refusals within a minute make
 	// a storm, alerted once.
 	OverloadStormThreshold int
@@ -436,6 +440,7 @@ func DefaultConfig() *Config {
 		RelayStuckFor:          relaywatch.DefaultStuckFor,
 		RelayStuckChecks:       relaywatch.DefaultStuckChecks,
 		OverloadStormThreshold: alert.DefaultStormThreshold,
+		AlertWebhookFormat:     string(alert.FormatAuto),
 		AdminConsole:           ConsolePublic,
 		ShutdownTimeout:        DefaultShutdownTimeout,
 		BlobMaxBytes:           DefaultBlobMaxBytes,

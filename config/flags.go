@@ -77,6 +77,7 @@ func (c *Config) settings() []setting {
 		{"relay-stuck-checks", "a relay at the same seq this many checks in a row while newer events exist is stuck", (*intValue)(&c.RelayStuckChecks)},
 		{"relay-stuck-for", "a relay is stuck only once the first event after its seq is this old (longer than relays take to save their position)", (*durationValue)(&c.RelayStuckFor)},
 		{"alert-webhook", "URL receiving incidents (stuck relay or consumer, 503 storms) as JSON POSTs; unset = none", (*secretValue)(&c.AlertWebhook)},
+		{"alert-webhook-format", "body of the alert POSTs: auto (Slack's and Discord's webhook URLs get their message shape, others JSON), json, slack or discord", (*stringValue)(&c.AlertWebhookFormat)},
 		{"overload-storm-threshold", "503 refusals within a minute that make a storm (alerted once)", (*intValue)(&c.OverloadStormThreshold)},
 		{"admin-console", "operator console at /admin/: public (this listener), private (--metrics-listen only) or off", (*stringValue)(&c.AdminConsole)},
 		{"inflight-budget", "bytes of expensive responses in flight at once, like 512MiB (default: a quarter of memory, 16MiB-1GiB)", (*byteSize)(&c.InflightBudget)},

@@ -3,6 +3,8 @@ package config
 import (
 	"net/url"
 	"time"
+
+	"github.com/bulwark-pds/bulwark/alert"
 )
 
 // Where the operator console is served (AdminConsole).
@@ -43,6 +45,9 @@ func (c *Config) validateOps() error {
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			return settingError("alert-webhook", "must be an absolute http or https URL")
 		}
+	}
+	if _, err := alert.ParseFormat(c.AlertWebhookFormat); err != nil {
+		return settingError("alert-webhook-format", "must be auto, json, slack or discord")
 	}
 	if c.OverloadStormThreshold < 1 {
 		return settingError("overload-storm-threshold", "must be at least 1")

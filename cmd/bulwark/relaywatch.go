@@ -41,8 +41,12 @@ type watchers struct {
 // guarded outbound client, which may reach it on a private address
 // only when it is given as one.
 func newAlerts(cfg *config.Config, logger *slog.Logger) (*alert.Webhook, []service, error) {
+	format, err := alert.ParseFormat(cfg.AlertWebhookFormat)
+	if err != nil {
+		return nil, nil, err
+	}
 	hook, err := alert.New(alert.Config{
-		URL: cfg.AlertWebhook, Host: cfg.Hostname, Registerer: serverMetrics, Logger: logger,
+		URL: cfg.AlertWebhook, Format: format, Host: cfg.Hostname, Registerer: serverMetrics, Logger: logger,
 		Client: operatorClient(cfg, logger, alert.DefaultTimeout),
 	})
 	if err != nil {
