@@ -30,15 +30,13 @@ need=""
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need="$need haproxy"
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need="$need pgbouncer"
 if [ -n "$need" ]; then
-	if [ "$(id -u)" != 0 ]; then
-		echo "cluster.sh: install$need first" >&2
-		exit 1
-	fi
+	SUDO=""
+	[ "$(id -u)" = 0 ] || SUDO=sudo
 	echo "cluster.sh: installing$need"
-	env DEBIAN_FRONTEND=noninteractive apt-get update
-	env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $need
+	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update
+	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $need
 	# Debian starts them as services; the test runs its own.
-	for svc in $need; do systemctl stop "$svc" 2>/dev/null || service "$svc" stop 2>/dev/null || true; done
+	for svc in $need; do $SUDO systemctl stop "$svc" 2>/dev/null || $SUDO service "$svc" stop 2>/dev/null || true; done
 fi
 
 if [ ! -x "$weed" ]; then
