@@ -111,6 +111,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "seed":
 			return runSeed(ctx, args[1:], stdout, stderr)
+		case "populate":
+			return runPopulate(ctx, args[1:], stdout, stderr)
 		case attackRole:
 			return runAttackChild(ctx, args[1:], stdout, stderr)
 		}
