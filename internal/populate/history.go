@@ -22,8 +22,8 @@ const historyFlush = 500
 
 // History makes n commits through the repository engine, as a server's
 // createRecord makes them: each creates one record (like, post, follow or
-// repost, as ShapeOf's mix) in an account drawn at random from the first
-// cfg.Realistic, and appends its #commit event, which a sequencer numbers
+// repost, as ShapeOf's mix) in an account drawn at random from the
+// realistic ones among the first cfg.Accounts, and appends its #commit event, which a sequencer numbers
 // as the server's would. It is the firehose history a relay backfills.
 // writers commit at once (default 8). The server must not be running.
 func History(ctx context.Context, cfg Config, n, writers int) (int64, error) {
@@ -86,7 +86,7 @@ func History(ctx context.Context, cfg Config, n, writers int) (int64, error) {
 
 // historyCommit creates one record in a random account.
 func historyCommit(ctx context.Context, cfg *Config, engine *repo.Engine, r *rand.Rand) error {
-	i := r.IntN(cfg.Realistic)
+	i := r.IntN(min(cfg.Realistic, cfg.Accounts))
 	var did string
 	if err := cfg.Pool.QueryRow(ctx, qAccountOfIndex, cfg.Handle(i)).Scan(&did); err != nil {
 		return fmt.Errorf("populate: account %d: %w", i, db.Translate(err))

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,8 @@ type Config struct {
 	// (those of earlier runs included).
 	Accounts int
 	// Realistic is how many accounts (the first) follow the realistic size
-	// distribution; the others are small (see ShapeOf). Default: all.
+	// distribution; the others are small (see ShapeOf). Default (0): all.
+	// Runs growing one database must all give the same.
 	Realistic int
 	// Largest is account 0's number of records (0: from the distribution).
 	Largest int
@@ -106,8 +108,8 @@ func (c *Config) defaults() error {
 	if c.Pool == nil || c.Keys == nil || c.PLC == nil || c.PublicURL == "" || c.HandleDomain == "" || c.Password == "" {
 		return errors.New("populate: Pool, Keys, PLC, PublicURL, HandleDomain and Password are required")
 	}
-	if c.Realistic <= 0 || c.Realistic > c.Accounts {
-		c.Realistic = c.Accounts
+	if c.Realistic <= 0 {
+		c.Realistic = math.MaxInt32
 	}
 	if c.Workers <= 0 {
 		c.Workers = runtime.GOMAXPROCS(0)
@@ -264,13 +266,9 @@ func prepare(ctx context.Context, cfg *Config) error {
 	if err := cfg.Pool.QueryRow(ctx, qGetSettings).Scan(&seed, &realistic, &largest, &handles, &publicURL, &history); err != nil {
 		return fmt.Errorf("populate: %w", db.Translate(err))
 	}
-	if uint64(seed) != cfg.Seed || largest != cfg.Largest || handles != cfg.HandleDomain || publicURL != cfg.PublicURL {
-		return fmt.Errorf("%w: seed %d, largest %d, handles %s, public URL %s", errSettingsDiffer, seed, largest, handles, publicURL)
-	}
-	// More realistic accounts than before would change accounts already
-	// stored; fewer is how a run goes on with small accounts only.
-	if cfg.Realistic > realistic {
-		cfg.Realistic = realistic
+	if uint64(seed) != cfg.Seed || realistic != cfg.Realistic || largest != cfg.Largest || handles != cfg.HandleDomain || publicURL != cfg.PublicURL {
+		return fmt.Errorf("%w: seed %d, realistic %d, largest %d, handles %s, public URL %s",
+			errSettingsDiffer, seed, realistic, largest, handles, publicURL)
 	}
 	return nil
 }
