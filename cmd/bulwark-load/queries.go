@@ -10,8 +10,14 @@ import (
 var queriesSQL string
 
 var (
-	queries           = db.MustParseQueries(queriesSQL)
-	qVacuumAnalyze    = queries.MustGet("VacuumAnalyze")
-	qPopulatedHistory = queries.MustGet("PopulatedHistory")
-	qTableSizes       = queries.MustGet("TableSizes")
+	queries            = db.MustParseQueries(queriesSQL)
+	qVacuumAnalyze     = queries.MustGet("VacuumAnalyze")
+	qPopulatedHistory  = queries.MustGet("PopulatedHistory")
+	qTableSizes        = queries.MustGet("TableSizes")
+	qCurveSettings     = queries.MustGet("CurveSettings")
+	qCurveTotals       = queries.MustGet("CurveTotals")
+	qCurveDIDs         = queries.MustGet("CurveDIDs")
+	qCurveLastSeq      = queries.MustGet("CurveLastSeq")
+	qCurveEventTime    = queries.MustGet("CurveEventTime")
+	qCurveEventsBefore = queries.MustGet("CurveEventsBefore")
 )

@@ -19,3 +19,26 @@ UNION ALL
  WHERE n.nspname = 'public' AND c.relkind = 'r'
  ORDER BY pg_total_relation_size(c.oid) DESC
  LIMIT 16);
+
+-- name: CurveSettings
+SELECT seed, realistic, largest, handles FROM populate_settings WHERE id = 1;
+
+-- name: CurveTotals
+-- Accounts and records as populated, events in the log, the database's size.
+SELECT (SELECT coalesce(sum(count), 0) FROM populate_batches),
+       (SELECT coalesce(sum(records), 0) FROM populate_batches),
+       (SELECT count(*) FROM events),
+       pg_database_size(current_database());
+
+-- name: CurveDIDs
+SELECT handle, did FROM accounts WHERE handle = ANY($1::text[]);
+
+-- name: CurveLastSeq
+SELECT last_seq FROM sequencer_state WHERE id = 1;
+
+-- name: CurveEventTime
+-- The creation time of the first event at or after seq $1.
+SELECT created_at FROM events WHERE seq >= $1 AND seq IS NOT NULL ORDER BY seq LIMIT 1;
+
+-- name: CurveEventsBefore
+SELECT count(*) FROM events WHERE seq IS NOT NULL AND created_at < $1;
