@@ -118,6 +118,11 @@ type curveResult struct {
 	Walks map[string]*walkFigures `json:"walks"`
 	// Pool is the server's connection pool under the 16-client writes.
 	Pool *poolFigures `json:"pool,omitempty"`
+	// CacheHit is the share of Postgres's block reads over the per-request
+	// measurements served from its buffers, and BlocksRead those that were
+	// not (from the OS page cache or the disk).
+	CacheHit   float64 `json:"cache_hit,omitempty"`
+	BlocksRead int64   `json:"blocks_read,omitempty"`
 	// Errors are steps that failed (the others still ran).
 	Errors []string `json:"errors,omitempty"`
 }

@@ -9,11 +9,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // measurer makes the per-request measurements against the running server.
@@ -151,8 +154,19 @@ func post(i int) map[string]any {
 	}
 }
 
-// requests measures every per-request figure.
+// requests measures every per-request figure, and how much of Postgres's
+// reads its buffers served meanwhile.
 func (m *measurer) requests(ctx context.Context, res *curveResult) error {
+	hit0, read0, _ := m.blockStats(ctx)
+	err := m.measureRequests(ctx, res)
+	if hit1, read1, serr := m.blockStats(ctx); serr == nil && hit1+read1 > hit0+read0 {
+		res.CacheHit = float64(hit1-hit0) / float64(hit1-hit0+read1-read0)
+		res.BlocksRead = read1 - read0
+	}
+	return err
+}
+
+func (m *measurer) measureRequests(ctx context.Context, res *curveResult) error {
 	info := m.info
 	pick := func(i int) acct { return info.random[i%len(info.random)] }
 
@@ -222,13 +236,69 @@ func (m *measurer) writes(ctx context.Context, res *curveResult) error {
 	pool := newPoolSampler(m.srv.metrics)
 	pctx, stop := context.WithCancel(ctx)
 	go pool.run(pctx)
+	act := make(chan [2]float64, 1)
+	go func() { act <- m.sampleActivity(pctx) }()
 	f := timed(ctx, m.samples(4000), clients, func(ctx context.Context, c, i int) error {
 		return create(ctx, writers[1+c], i)
 	})
 	stop()
 	res.Requests["createRecord16"] = f
 	res.Pool = pool.figures(f.N + f.Errors)
+	a := <-act
+	res.Pool.PGActiveMean, res.Pool.PGIdleInTxMax = a[0], int(a[1])
 	return nil
+}
+
+// dbPool connects to the server's managed Postgres over its socket (the
+// server's own pool is not shared), for the server-side statistics.
+func (m *measurer) dbPool(ctx context.Context) (*pgxpool.Pool, error) {
+	dir, err := filepath.Abs(filepath.Join(m.o.dataDir, "postgres"))
+	if err != nil {
+		return nil, err
+	}
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/bulwark",
+		RawQuery: url.Values{"host": {dir}, "sslmode": {"disable"}, "pool_max_conns": {"1"}}.Encode()}
+	return pgxpool.New(ctx, u.String())
+}
+
+// blockStats reads the database's buffer hits and reads so far.
+func (m *measurer) blockStats(ctx context.Context) (hit, read int64, err error) {
+	p, err := m.dbPool(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer p.Close()
+	err = p.QueryRow(ctx, qCurveBlockStats).Scan(&hit, &read)
+	return hit, read, err
+}
+
+// sampleActivity samples the server's backends every 50 ms until ctx
+// ends: the mean running a statement, and the most found inside a
+// transaction between statements (holding its locks while the server
+// does something else).
+func (m *measurer) sampleActivity(ctx context.Context) [2]float64 {
+	p, err := m.dbPool(context.WithoutCancel(ctx))
+	if err != nil {
+		return [2]float64{}
+	}
+	defer p.Close()
+	var sum, n, idleMax float64
+	for ctx.Err() == nil {
+		var active, idleInTx float64
+		if err := p.QueryRow(ctx, qCurveActivity).Scan(&active, &idleInTx); err == nil {
+			sum += active
+			n++
+			idleMax = max(idleMax, idleInTx)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if n == 0 {
+		return [2]float64{}
+	}
+	return [2]float64{sum / n, idleMax}
 }
 
 // reads measures the read methods.

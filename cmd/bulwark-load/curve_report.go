@@ -92,11 +92,11 @@ func printCurveTable(w io.Writer, rs []*curveResult) error {
 	}
 	for _, r := range rs {
 		if p := r.Pool; p != nil {
-			fmt.Fprintf(w, "\n%s accounts, pool under createRecord at 16 clients: %d connections at most, %.1f checked out on average (peak %d), %.2f acquisitions per request, each held %.2f ms on average; %d acquisitions waited for a connection (%.0f ms in all).\n",
-				commas(r.Accounts), p.MaxConns, p.MeanAcquired, p.PeakAcquired, p.AcquiresPerReq, p.HoldMsPerAcq, p.EmptyAcquires, p.EmptyWaitMs)
+			fmt.Fprintf(w, "\n%s accounts, pool under createRecord at 16 clients: %d connections at most, %.1f checked out on average (peak %d), %.2f acquisitions per request, each held %.2f ms on average; %d acquisitions waited for a connection (%.0f ms in all); Postgres backends running a statement %.1f on average, idle inside a transaction at most %d.\n",
+				commas(r.Accounts), p.MaxConns, p.MeanAcquired, p.PeakAcquired, p.AcquiresPerReq, p.HoldMsPerAcq, p.EmptyAcquires, p.EmptyWaitMs, p.PGActiveMean, p.PGIdleInTxMax)
 		}
-		fmt.Fprintf(w, "%s accounts: %s records, %s events, database %.1f GiB; load average %s before, %s after.\n",
-			commas(r.Accounts), commas(int(r.Records)), commas(int(r.Events)), float64(r.DBBytes)/(1<<30), r.LoadBefore, r.LoadAfter)
+		fmt.Fprintf(w, "%s accounts: %s records, %s events, database %.1f GiB; Postgres buffer hits over the requests %.1f%% (%s blocks read); load average %s before, %s after.\n",
+			commas(r.Accounts), commas(int(r.Records)), commas(int(r.Events)), float64(r.DBBytes)/(1<<30), r.CacheHit*100, commas(int(r.BlocksRead)), r.LoadBefore, r.LoadAfter)
 		for _, e := range r.Errors {
 			fmt.Fprintf(w, "  failed: %s\n", e)
 		}

@@ -20,4 +20,6 @@ var (
 	qCurveLastSeq      = queries.MustGet("CurveLastSeq")
 	qCurveEventTime    = queries.MustGet("CurveEventTime")
 	qCurveEventsBefore = queries.MustGet("CurveEventsBefore")
+	qCurveBlockStats   = queries.MustGet("CurveBlockStats")
+	qCurveActivity     = queries.MustGet("CurveActivity")
 )

@@ -42,3 +42,15 @@ SELECT created_at FROM events WHERE seq >= $1 AND seq IS NOT NULL ORDER BY seq L
 
 -- name: CurveEventsBefore
 SELECT count(*) FROM events WHERE seq IS NOT NULL AND created_at < $1;
+
+-- name: CurveBlockStats
+-- Buffer hits and reads of the database so far.
+SELECT blks_hit, blks_read FROM pg_stat_database WHERE datname = current_database();
+
+-- name: CurveActivity
+-- The server's backends now: running a statement, and inside a
+-- transaction between statements.
+SELECT count(*) FILTER (WHERE state = 'active'),
+       count(*) FILTER (WHERE state LIKE 'idle in transaction%')
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend';
