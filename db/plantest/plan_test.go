@@ -58,6 +58,8 @@ var allowedScans = map[string]string{
 	"Count":                  "the development PLC directory counts its DIDs (bulwark dev-plc, a development tool)",
 	"InviteCodesFor":         "an administrator's view of accounts' invite codes: the join hashes invite_code_uses while it is small, and probes its primary key once it is not",
 	"PruneMessages":          "the state is a constant at every call and the cutoff days old: the custom plan walks email_outbox_done, which a generic plan cannot prove applies (a partial index on three states), and Postgres keeps the far cheaper custom plan",
+	"CurveTotals":            "bulwark-load curve counts the events once per run (a measuring tool, not the server)",
+	"CurveEventsBefore":      "bulwark-load curve counts the events retention pruning will delete, once per run",
 	"ClaimMessages":          "a generic plan takes LIMIT $2 for a tenth of the due mail; the worker's batch is a constant, its custom plan probes the primary key, and Postgres keeps that far cheaper plan",
 }
 
