@@ -294,6 +294,80 @@ func TestPlans(t *testing.T) {
 	qs := allQueries(t)
 	t.Run("NoQueryScansAGrowingTable", func(t *testing.T) { testNoScans(t, pool, qs) })
 	t.Run("DroppedIndexIsCaught", func(t *testing.T) { testDroppedIndex(t, pool, qs) })
+	t.Run("PagesReadOnePage", func(t *testing.T) { testPaging(t, pool, qs) })
+}
+
+// A page from a cursor deep into a walk reads about a page of rows, not
+// everything before the cursor: a walk of the whole server stays linear in
+// its size. (A merge join of repo_roots with accounts read every account
+// before the cursor: 6 s a page half way through a million.)
+func testPaging(t *testing.T, pool *pgxpool.Pool, qs []namedQuery) {
+	ctx := context.Background()
+	const page = 100
+	var repo, did, rkey string
+	var seq int64
+	require.NoError(t, pool.QueryRow(ctx, fill.MustGet("MiddleRepo")).Scan(&repo))
+	require.NoError(t, pool.QueryRow(ctx, fill.MustGet("MiddleRecord")).Scan(&did, &rkey))
+	require.NoError(t, pool.QueryRow(ctx, fill.MustGet("MiddleSeq")).Scan(&seq))
+	for _, c := range []struct {
+		name string
+		args string
+	}{
+		{"ListRepos", fmt.Sprintf("('%s', %d)", repo, page)},
+		{"ListRecordsAsc", fmt.Sprintf("('%s', 'app.bsky.feed.like', '%s', %d, 4194304)", did, rkey, page)},
+		{"ListRecordsDesc", fmt.Sprintf("('%s', 'app.bsky.feed.like', '%s', %d, 4194304)", did, rkey, page)},
+		{"ListRecordsNewest", fmt.Sprintf("('%s', 'app.bsky.feed.like', %d, 4194304)", did, page)},
+		{"EventsAfterBounded", fmt.Sprintf("(%d, %d, 4194304)", seq, page)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			withSession(t, pool, qs, func(ctx context.Context, tx pgx.Tx) {
+				_, err := tx.Exec(ctx, fill.MustGet("GenericPlans"))
+				require.NoError(t, err)
+				q := find(t, qs, c.name)
+				name := "paging_" + strings.ToLower(c.name)
+				_, err = tx.Exec(ctx, fmt.Sprintf(fill.MustGet("Prepare"), name, q.sql))
+				require.NoError(t, err)
+				var out []map[string]any
+				require.NoError(t, tx.QueryRow(ctx, fmt.Sprintf(fill.MustGet("ExplainAnalyze"), name, c.args)).Scan(&out))
+				_, err = tx.Exec(ctx, fmt.Sprintf(fill.MustGet("Deallocate"), name))
+				require.NoError(t, err)
+				plan := out[0]["Plan"].(map[string]any)
+				read := rowsScanned(plan)
+				require.LessOrEqual(t, read, 3*page+10, "rows read for a page of %d:\n%s", page, outline(plan, "  "))
+			})
+		})
+	}
+}
+
+// find returns the named query.
+func find(t *testing.T, qs []namedQuery, name string) namedQuery {
+	t.Helper()
+	for _, q := range qs {
+		if q.name == name {
+			return q
+		}
+	}
+	t.Fatalf("no query named %s", name)
+	return namedQuery{}
+}
+
+// rowsScanned sums the rows every scan node of an analysed plan produced,
+// over all its loops.
+func rowsScanned(node map[string]any) int {
+	n := 0
+	if typ, _ := node["Node Type"].(string); strings.HasSuffix(typ, "Scan") && typ != "CTE Scan" && typ != "Subquery Scan" && typ != "Function Scan" {
+		rows, _ := node["Actual Rows"].(float64)
+		loops, _ := node["Actual Loops"].(float64)
+		n += int(rows * loops)
+	}
+	if kids, ok := node["Plans"].([]any); ok {
+		for _, k := range kids {
+			if m, ok := k.(map[string]any); ok {
+				n += rowsScanned(m)
+			}
+		}
+	}
+	return n
 }
 
 // No named query scans a table that grows with the server.

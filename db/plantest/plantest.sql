@@ -137,3 +137,23 @@ EXPLAIN (FORMAT JSON) EXECUTE %s%s;
 
 -- name: Deallocate
 DEALLOCATE %s;
+
+-- name: MiddleRepo
+-- The DID half way through repo_roots: a cursor deep into a walk.
+SELECT did FROM repo_roots ORDER BY did OFFSET (SELECT count(*) / 2 FROM repo_roots) LIMIT 1;
+
+-- name: MiddleRecord
+-- The largest account's DID and the rkey half way through its likes.
+SELECT did, rkey FROM (
+    SELECT did, rkey, row_number() OVER (ORDER BY rkey) AS i, count(*) OVER () AS n
+    FROM records
+    WHERE did = (SELECT did FROM records GROUP BY did ORDER BY count(*) DESC LIMIT 1)
+      AND collection = 'app.bsky.feed.like'
+) r WHERE i = n / 2;
+
+-- name: MiddleSeq
+SELECT seq FROM events WHERE seq IS NOT NULL ORDER BY seq OFFSET (SELECT count(*) / 2 FROM events) LIMIT 1;
+
+-- name: ExplainAnalyze
+-- %s: the statement's name and its arguments.
+EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s%s;
