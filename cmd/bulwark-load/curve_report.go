@@ -42,11 +42,11 @@ var (
 
 // printCurveTable prints rs (sorted by accounts) as markdown tables.
 func printCurveTable(w io.Writer, rs []*curveResult) error {
-	sort.Slice(rs, func(i, j int) bool { return rs[i].Accounts < rs[j].Accounts })
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Accounts < rs[j].Accounts })
 	head := "| per request: p50 / p99 ms |"
 	sep := "|---|"
 	for _, r := range rs {
-		head += fmt.Sprintf(" %s accounts |", commas(r.Accounts))
+		head += " " + column(r, rs) + " |"
 		sep += "---|"
 	}
 	if len(rs) > 1 {
@@ -70,7 +70,7 @@ func printCurveTable(w io.Writer, rs []*curveResult) error {
 			line += " |"
 		}
 		if len(rs) > 1 {
-			line += " " + ratio(rs[0].Requests[row.key], rs[len(rs)-1].Requests[row.key]) + " |"
+			line += " " + ratio(baseline(rs, row.key), rs[len(rs)-1].Requests[row.key]) + " |"
 		}
 		fmt.Fprintln(w, line)
 	}
@@ -78,7 +78,7 @@ func printCurveTable(w io.Writer, rs []*curveResult) error {
 	head = "| whole server |"
 	sep = "|---|"
 	for _, r := range rs {
-		head += fmt.Sprintf(" %s accounts |", commas(r.Accounts))
+		head += " " + column(r, rs) + " |"
 		sep += "---|"
 	}
 	fmt.Fprintln(w, head)
@@ -102,6 +102,33 @@ func printCurveTable(w io.Writer, rs []*curveResult) error {
 		}
 	}
 	return nil
+}
+
+// column names a row's column: its accounts, and its label when another
+// row has as many.
+func column(r *curveResult, rs []*curveResult) string {
+	for _, o := range rs {
+		if o != r && o.Accounts == r.Accounts {
+			return fmt.Sprintf("%s accounts (%s)", commas(r.Accounts), r.Label)
+		}
+	}
+	return commas(r.Accounts) + " accounts"
+}
+
+// baseline is the smallest size's figures for key: of several rows of that
+// size, the one with the lowest p99, so that a ratio against it errs
+// against the largest size.
+func baseline(rs []*curveResult, key string) *requestFigures {
+	var best *requestFigures
+	for _, r := range rs {
+		if r.Accounts != rs[0].Accounts {
+			break
+		}
+		if f := r.Requests[key]; f != nil && f.N > 0 && (best == nil || f.P99 < best.P99) {
+			best = f
+		}
+	}
+	return best
 }
 
 func walkCell(f *walkFigures) string {
@@ -216,7 +243,7 @@ func plotCurve(rs []*curveResult) string {
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000"}
 	var reqSeries []series
 	for _, row := range requestOrder {
-		base := rs[0].Requests[row.key]
+		base := baseline(rs, row.key)
 		if base == nil || base.P99 == 0 {
 			continue
 		}
