@@ -190,6 +190,7 @@ func runCurveReport(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bulwark-load curve-report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	svg := fs.String("svg", "", "write the plot here (SVG)")
+	merge := fs.Bool("median", false, "rows of the same size become one: each per-request figure the median of theirs (alternating rounds of each size on a shared machine)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: bulwark-load curve-report [--svg plot.svg] results/*.json\n\nPrints the cost-curve table of the rows bulwark-load curve wrote, and plots them.")
 		fs.PrintDefaults()
@@ -217,6 +218,9 @@ func runCurveReport(args []string, stdout, stderr io.Writer) int {
 	if len(rs) == 0 {
 		fs.Usage()
 		return 2
+	}
+	if *merge {
+		rs = medianRows(rs)
 	}
 	if err := printCurveTable(stdout, rs); err != nil {
 		fmt.Fprintln(stderr, "bulwark-load curve-report:", err)
@@ -332,4 +336,63 @@ func niceCeil(v float64) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// medianRows merges the rows of each size: every per-request figure is the
+// median of theirs (p50 and p99 each on their own), the walks and other
+// figures those of the first row that has them.
+func medianRows(rs []*curveResult) []*curveResult {
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Accounts < rs[j].Accounts })
+	var out []*curveResult
+	for i := 0; i < len(rs); {
+		j := i
+		for j < len(rs) && rs[j].Accounts == rs[i].Accounts {
+			j++
+		}
+		group := rs[i:j]
+		m := *group[0]
+		m.Label = fmt.Sprintf("median of %d", len(group))
+		m.Requests = map[string]*requestFigures{}
+		m.Walks = map[string]*walkFigures{}
+		var loads []string
+		for _, r := range group {
+			for k, w := range r.Walks {
+				if m.Walks[k] == nil {
+					m.Walks[k] = w
+				}
+			}
+			if m.Pool == nil {
+				m.Pool = r.Pool
+			}
+			loads = append(loads, r.LoadBefore)
+		}
+		m.LoadBefore, m.LoadAfter = strings.Join(loads, "; "), group[len(group)-1].LoadAfter
+		for _, row := range requestOrder {
+			var p50, p99 []float64
+			var f requestFigures
+			for _, r := range group {
+				if g := r.Requests[row.key]; g != nil && g.N > 0 {
+					p50, p99 = append(p50, g.P50), append(p99, g.P99)
+					f.N += g.N
+					f.Errors += g.Errors
+					f.Clients = g.Clients
+				}
+			}
+			if len(p99) > 0 {
+				f.P50, f.P99 = median(p50), median(p99)
+				m.Requests[row.key] = &f
+			}
+		}
+		out = append(out, &m)
+		i = j
+	}
+	return out
+}
+
+func median(v []float64) float64 {
+	sort.Float64s(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
