@@ -215,24 +215,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		})
 	}
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(cfg.LogEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				el := time.Since(start)
-				cfg.Logger.Info("populating", "accounts", accounts.Load(), "records", records.Load(),
-					"accounts_per_s", int(float64(accounts.Load())/el.Seconds()),
-					"records_per_s", int(float64(records.Load())/el.Seconds()), "elapsed", el.Round(time.Second))
-			}
-		}
-	}()
+	stop := logProgress(&cfg, start, &accounts, &records)
 	writers.Wait()
-	close(stop)
+	stop()
 	if firstErr != nil {
 		return nil, firstErr
 	}
@@ -246,6 +231,28 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.TotalAccounts = int(total)
 	return res, nil
+}
+
+// logProgress logs the accounts and records stored every cfg.LogEvery
+// until the returned function is called.
+func logProgress(cfg *Config, start time.Time, accounts, records *atomic.Int64) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(cfg.LogEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				el := time.Since(start)
+				cfg.Logger.Info("populating", "accounts", accounts.Load(), "records", records.Load(),
+					"accounts_per_s", int(float64(accounts.Load())/el.Seconds()),
+					"records_per_s", int(float64(records.Load())/el.Seconds()), "elapsed", el.Round(time.Second))
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // prepare creates the bookkeeping tables and checks that an earlier run
