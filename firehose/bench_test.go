@@ -173,6 +173,9 @@ func BenchmarkFirehoseBackfill100k(b *testing.B) {
 		})
 		conn, _, err := websocket.DefaultDialer.Dial(fb.wsURL+"?cursor=0", nil)
 		require.NoError(b, err)
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		allocBefore := ms.TotalAlloc
 		start := time.Now()
 		var got int
 		buf := make([]byte, 64<<10)
@@ -186,15 +189,18 @@ func BenchmarkFirehoseBackfill100k(b *testing.B) {
 			}
 		}
 		elapsed := time.Since(start)
+		runtime.ReadMemStats(&ms)
+		allocated := ms.TotalAlloc - allocBefore
 		close(stop)
 		wg.Wait()
 		conn.Close()
 		require.GreaterOrEqual(b, got, n)
 		b.ReportMetric(float64(got)/elapsed.Seconds(), "events/s")
+		b.ReportMetric(float64(allocated)/float64(got), "alloc-B/event")
 		b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MiB")
-		b.Logf("backfill of %d events (%d-byte bodies): %s, %.0f events/s, heap %0.1f MiB before, peak %.1f MiB",
+		b.Logf("backfill of %d events (%d-byte bodies): %s, %.0f events/s, heap %0.1f MiB before, peak %.1f MiB, %.0f bytes allocated per event",
 			got, len(body), elapsed.Round(time.Millisecond), float64(got)/elapsed.Seconds(),
-			float64(base)/(1<<20), float64(peak.Load())/(1<<20))
+			float64(base)/(1<<20), float64(peak.Load())/(1<<20), float64(allocated)/float64(got))
 	}
 }
 

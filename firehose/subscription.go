@@ -42,6 +42,11 @@ type subscription struct {
 	pong   *string
 	hdrs   []byte
 	bufs   net.Buffers
+
+	// pager holds the backfill's page from one read to the next, so a
+	// replay of any length allocates almost nothing per event; dropped
+	// once the subscription goes live.
+	pager *eventlog.Pager
 }
 
 // errClosed is a subscription ended by the hub (shutdown).
@@ -227,6 +232,7 @@ func (s *subscription) run(ctx context.Context, cursor *int64) error {
 	// join the live fan-out, then read the few events sequenced in between:
 	// everything after start comes through the queue, so nothing is missed
 	// and, filtering by seq, nothing is sent twice.
+	s.pager = h.log.NewPager()
 	if err := s.backfill(ctx, func() bool { return s.cur >= h.lastDelivered() }, 0); err != nil {
 		return err
 	}
@@ -236,6 +242,8 @@ func (s *subscription) run(ctx context.Context, cursor *int64) error {
 			return err
 		}
 	}
+	s.pager.Release(-1)
+	s.pager = nil
 	return s.liveLoop(ctx, queue)
 }
 
@@ -362,7 +370,7 @@ func (s *subscription) backfill(ctx context.Context, done func() bool, until int
 		if err != nil {
 			return err
 		}
-		page, err := h.after(ctx, s.cur, h.cfg.PageEvents, h.cfg.PageBytes)
+		page, err := s.pager.Page(ctx, s.cur, h.cfg.PageEvents, h.cfg.PageBytes)
 		if err != nil {
 			res.Release()
 			return err
@@ -374,6 +382,9 @@ func (s *subscription) backfill(ctx context.Context, done func() bool, until int
 		res.Resize(pageBytes(page))
 		err = s.sendPage(ctx, page, until)
 		res.Release()
+		// Keep the page's memory for the next one, unless one large
+		// event grew it well past a page.
+		s.pager.Release(2 * h.cfg.PageBytes)
 		if err != nil {
 			if errors.Is(err, errPageDone) {
 				return nil

@@ -182,13 +182,19 @@ DELETE FROM oauth_spent_refresh WHERE expires_at <= now();
 DELETE FROM oauth_used_values WHERE expires_at <= now();
 
 -- name: DeleteExpiredDeviceAccounts
-DELETE FROM oauth_device_accounts WHERE expires_at <= now();
+-- Lapsed sign-ins, and the browsers they were the last of: a browser is
+-- remembered only while an account is signed in on it. (Signing out and
+-- trimming forget an emptied browser themselves.) Only the browsers of the
+-- deleted rows are probed, never the whole table.
+WITH gone AS (
+    DELETE FROM oauth_device_accounts WHERE expires_at <= now() RETURNING device_id
+)
+DELETE FROM oauth_devices d
+WHERE d.id = ANY (ARRAY(SELECT DISTINCT device_id FROM gone))
+  AND NOT EXISTS (SELECT 1 FROM oauth_device_accounts a WHERE a.device_id = d.id AND a.expires_at > now());
 
 -- name: DeleteExpiredDevices
--- A browser is remembered only while an account is signed in on it.
-DELETE FROM oauth_devices d
-WHERE expires_at <= now()
-   OR NOT EXISTS (SELECT 1 FROM oauth_device_accounts a WHERE a.device_id = d.id AND a.expires_at > now());
+DELETE FROM oauth_devices WHERE expires_at <= now();
 
 -- name: DeleteGrantsOfDID
 DELETE FROM oauth_grants WHERE did = $1;

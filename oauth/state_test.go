@@ -164,3 +164,31 @@ func TestAccountRememberedOnBoundedBrowsers(t *testing.T) {
 	require.Equal(t, 32, rows["oauth_device_accounts"])
 	require.Equal(t, 32, rows["oauth_devices"])
 }
+
+// TestLapsedSignInForgetsItsBrowser: when the last sign-in on a browser
+// lapses, the cleanup forgets the browser with it, and a browser with
+// another live sign-in stays.
+func TestLapsedSignInForgetsItsBrowser(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	c := f.rawClient("lapse", "atproto")
+	for _, id := range []string{"alice.test", "alice.test"} {
+		b := f.browser()
+		p := b.Get(c.authURL(c.parForm()))
+		form := p.FormFields(t, "signin-form")
+		form.Set("identifier", id)
+		form.Set("password", "alice password")
+		require.Equal(t, http.StatusOK, b.Post(oauth.PathAuthorize, form).Status)
+	}
+	require.Equal(t, 2, f.rows()["oauth_devices"])
+
+	// One browser's sign-in lapses; the other's is live.
+	_, err := f.pool.Exec(ctx, `UPDATE oauth_device_accounts SET expires_at = now() - interval '1 second'
+		WHERE device_id = (SELECT device_id FROM oauth_device_accounts ORDER BY device_id LIMIT 1)`)
+	require.NoError(t, err)
+	require.NoError(t, f.oauth.Cleanup(ctx))
+	rows := f.rows()
+	require.Equal(t, 1, rows["oauth_devices"])
+	require.Equal(t, 1, rows["oauth_device_accounts"])
+}

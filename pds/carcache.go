@@ -5,12 +5,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/bulwark-pds/bulwark/metrics"
 )
@@ -50,13 +53,28 @@ type carBuild struct {
 	err  error
 }
 
+// newCARCache starts an empty cache in dir. What a previous run left there
+// is moved aside at once and deleted in the background: tens of thousands
+// of files (a relay's crawl fills the cache) took seconds to delete, and
+// the server would not answer until they were gone.
 func newCARCache(dir string, max int64) (*carCache, error) {
-	if err := os.RemoveAll(dir); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, fmt.Errorf("creating CAR cache: %w", err)
+	}
+	old := fmt.Sprintf("%s.old-%d", dir, time.Now().UnixNano())
+	if err := os.Rename(dir, old); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("clearing CAR cache: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating CAR cache: %w", err)
 	}
+	// This run's and any a crash left mid-deletion.
+	leftovers, _ := filepath.Glob(dir + ".old-*")
+	go func() {
+		for _, d := range leftovers {
+			_ = os.RemoveAll(d)
+		}
+	}()
 	return &carCache{dir: dir, max: max, byDID: map[string]*list.Element{}, lru: list.New(), building: map[string]*carBuild{}}, nil
 }
 

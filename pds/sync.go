@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -190,17 +191,59 @@ func (s *Server) exportRepo(w http.ResponseWriter, r *http.Request, did syntax.D
 	if _, err := s.availableRepoFor(r, did); err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", carContentType)
-	sw := s.exportWriter(w, r)
-	bw := bufio.NewWriterSize(sw, streamBuffer)
-	err := s.repo.ExportCAR(r.Context(), did, since, bw)
-	if err == nil {
-		err = bw.Flush()
-	}
+	f, size, err := s.spoolExport(r.Context(), did, since)
 	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", carContentType)
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	sw := s.exportWriter(w, r)
+	buf := make([]byte, streamBuffer)
+	if _, err := io.CopyBuffer(sw, struct{ io.Reader }{f}, buf); err != nil {
 		return s.endStream(r, sw, err)
 	}
 	return nil
+}
+
+// spoolExport exports did's repository (only what changed after since,
+// when set) into an unlinked temporary file and returns it rewound, with
+// its size. The export's transaction, and the pooled connection and
+// snapshot it holds, end before a byte goes to the client: a client that
+// reads slowly, or not at all, holds no database connection (the CAR
+// cache does the same for whole-repository answers).
+func (s *Server) spoolExport(ctx context.Context, did syntax.DID, since string) (*os.File, int64, error) {
+	dir := ""
+	if s.carCache != nil {
+		dir = s.carCache.dir
+	}
+	f, err := os.CreateTemp(dir, "export-")
+	if err != nil {
+		return nil, 0, err
+	}
+	// Unlinked at once: the file goes with its last close, whatever
+	// happens to the request or the process.
+	_ = os.Remove(f.Name())
+	bw := bufio.NewWriterSize(f, streamBuffer)
+	err = s.repo.ExportCAR(ctx, did, since, bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	var size int64
+	if err == nil {
+		size, err = f.Seek(0, io.SeekCurrent)
+	}
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, size, nil
 }
 
 // exportWriter is the stream writer of a CAR export: background work (it

@@ -5,6 +5,7 @@ DELETE FROM service_auth_used
 WHERE (purpose, iss, jti) IN (
     SELECT purpose, iss, jti FROM service_auth_used
     WHERE expires_at < $1
+    ORDER BY expires_at
     LIMIT 16
 );
 

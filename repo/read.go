@@ -50,11 +50,16 @@ func (e *Engine) GetRecord(ctx context.Context, did syntax.DID, collection synta
 // what one call holds in memory is bounded whatever the records' sizes.
 // The returned cursor is "" at the end.
 func (e *Engine) ListRecords(ctx context.Context, did syntax.DID, collection syntax.NSID, cursor string, limit int, ascending bool, maxBytes int64) ([]Record, string, error) {
-	q := qListRecordsDesc
-	if ascending {
-		q = qListRecordsAsc
+	var rows pgx.Rows
+	var err error
+	switch {
+	case ascending:
+		rows, err = e.pool.Query(ctx, qListRecordsAsc, did.String(), collection.String(), cursor, limit, maxBytes)
+	case cursor == "":
+		rows, err = e.pool.Query(ctx, qListNewest, did.String(), collection.String(), limit, maxBytes)
+	default:
+		rows, err = e.pool.Query(ctx, qListRecordsDesc, did.String(), collection.String(), cursor, limit, maxBytes)
 	}
-	rows, err := e.pool.Query(ctx, q, did.String(), collection.String(), cursor, limit, maxBytes)
 	if err != nil {
 		return nil, "", fmt.Errorf("listing records: %w", db.Translate(err))
 	}

@@ -25,11 +25,13 @@ WHERE total <= $5 OR i = 1
 ORDER BY rkey;
 
 -- name: ListRecordsDesc
--- ListRecordsAsc from the highest rkey down, before rkey $3 ('' = the
--- highest).
+-- ListRecordsAsc from the highest rkey down, before rkey $3. The first page
+-- (no cursor) is ListRecordsNewest: one statement for both would read
+-- "$3 = '' OR rkey < $3", which a plan cached for every call cannot serve
+-- from the index, and each page would read the whole collection.
 WITH page AS (
     SELECT rkey, cid, data FROM records
-    WHERE did = $1 AND collection = $2 AND ($3 = '' OR rkey < $3)
+    WHERE did = $1 AND collection = $2 AND rkey < $3
     ORDER BY rkey DESC
     LIMIT $4
 ), sized AS (
@@ -41,6 +43,24 @@ WITH page AS (
 )
 SELECT rkey, cid, data, n FROM sized
 WHERE total <= $5 OR i = 1
+ORDER BY rkey DESC;
+
+-- name: ListRecordsNewest
+-- ListRecordsDesc's first page: the $3 highest rkeys, bounded by $4 bytes.
+WITH page AS (
+    SELECT rkey, cid, data FROM records
+    WHERE did = $1 AND collection = $2
+    ORDER BY rkey DESC
+    LIMIT $3
+), sized AS (
+    SELECT rkey, cid, data,
+           sum(octet_length(data)) OVER (ORDER BY rkey DESC ROWS UNBOUNDED PRECEDING) AS total,
+           row_number() OVER (ORDER BY rkey DESC) AS i,
+           count(*) OVER () AS n
+    FROM page
+)
+SELECT rkey, cid, data, n FROM sized
+WHERE total <= $4 OR i = 1
 ORDER BY rkey DESC;
 
 -- name: BlockSizes

@@ -21,6 +21,7 @@ var reads = db.MustParseQueries(readsSQL)
 var (
 	qListRecordsAsc  = reads.MustGet("ListRecordsAsc")
 	qListRecordsDesc = reads.MustGet("ListRecordsDesc")
+	qListNewest      = reads.MustGet("ListRecordsNewest")
 	qBlockSizes      = reads.MustGet("BlockSizes")
 	qRecordSize      = reads.MustGet("RecordSize")
 )

@@ -117,6 +117,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runSeed(ctx, args[1:], stdout, stderr)
 		case "logins":
 			return runLogins(ctx, args[1:], stdout, stderr)
+		case "populate":
+			return runPopulate(ctx, args[1:], stdout, stderr)
+		case "curve":
+			return runCurve(ctx, args[1:], stdout, stderr)
+		case "curve-report":
+			return runCurveReport(args[1:], stdout, stderr)
 		case attackRole:
 			return runAttackChild(ctx, args[1:], stdout, stderr)
 		}
@@ -185,6 +191,9 @@ scrape (getRepo/getBlob fleet from many source addresses), write
                               ("bulwark-load seed -h" for its flags)
   bulwark-load logins [flags] sign N people in at once, each to their own
                               account ("bulwark-load logins -h")
+  bulwark-load populate ...   fill a server's database with many accounts
+  bulwark-load curve ...      measure the cost curve of a populated server
+  bulwark-load curve-report   table and plot of several curve results
 
 Flags (each also BULWARK_LOAD_<FLAG>, e.g. BULWARK_LOAD_URL):
 `)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package firehose_test
+
+const raceEnabled = false
