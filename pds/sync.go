@@ -196,17 +196,7 @@ func (s *Server) exportRepo(w http.ResponseWriter, r *http.Request, did syntax.D
 		return err
 	}
 	defer f.Close()
-	w.Header().Set("Content-Type", carContentType)
-	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	if r.Method == http.MethodHead {
-		return nil
-	}
-	sw := s.exportWriter(w, r)
-	buf := make([]byte, streamBuffer)
-	if _, err := io.CopyBuffer(sw, struct{ io.Reader }{f}, buf); err != nil {
-		return s.endStream(r, sw, err)
-	}
-	return nil
+	return s.sendCARFile(w, r, f, size)
 }
 
 // spoolExport exports did's repository (only what changed after since,
@@ -303,6 +293,12 @@ func (s *Server) serveCachedRepo(w http.ResponseWriter, r *http.Request, did syn
 		}
 	}
 	defer f.Close()
+	return s.sendCARFile(w, r, f, size)
+}
+
+// sendCARFile answers with the CAR in f (size bytes), paced and bounded as
+// every export is.
+func (s *Server) sendCARFile(w http.ResponseWriter, r *http.Request, f *os.File, size int64) error {
 	w.Header().Set("Content-Type", carContentType)
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	if r.Method == http.MethodHead {
