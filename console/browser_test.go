@@ -18,11 +18,9 @@ import (
 
 	"github.com/bulwark-pds/bulwark/console"
 	"github.com/bulwark-pds/bulwark/eventlog"
+	"github.com/bulwark-pds/bulwark/internal/browsertest"
 	"github.com/bulwark-pds/bulwark/relaywatch"
 )
-
-// chromiumPath is Debian's chromium (apt-get install chromium).
-const chromiumPath = "/usr/bin/chromium"
 
 // chrome is a headless Chromium tab recording every request it makes.
 type chrome struct {
@@ -38,24 +36,7 @@ type chrome struct {
 
 func newChrome(t *testing.T) *chrome {
 	t.Helper()
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Skipf("no %s (apt-get install chromium): %v", chromiumPath, err)
-	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromiumPath),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	ctx, cancel := chromedp.NewContext(alloc)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
-	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
+	ctx := browsertest.New(t)
 	c := &chrome{t: t, ctx: ctx, shots: os.Getenv("BULWARK_CONSOLE_SCREENSHOTS")}
 	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
 		if e, ok := ev.(*network.EventRequestWillBeSent); ok {

@@ -10,16 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/internal/browsertest"
 )
-
-// chromiumPath is Debian's chromium (apt-get install chromium); CI has it.
-const chromiumPath = "/usr/bin/chromium"
 
 // tab is a headless Chromium tab.
 type tab struct {
@@ -29,23 +26,7 @@ type tab struct {
 
 func newTab(t *testing.T) *tab {
 	t.Helper()
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Skipf("no %s (apt-get install chromium): %v", chromiumPath, err)
-	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromiumPath),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	ctx, cancel := chromedp.NewContext(alloc)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
-	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
+	ctx := browsertest.New(t)
 	return &tab{t: t, ctx: ctx}
 }
 
