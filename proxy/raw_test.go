@@ -84,12 +84,14 @@ func newRawFixture(t *testing.T) *rawFixture {
 	return fx
 }
 
-// appView serves body with the given rev, gzipped when the proxy asked
-// for gzip.
+// appView serves body with the given rev (none for ""), gzipped when the
+// proxy asked for gzip.
 func (fx *rawFixture) appView(t *testing.T, rev string, body func(r *http.Request) string) *upstream {
 	return newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.Header().Set("Atproto-Repo-Rev", rev)
+		if rev != "" {
+			w.Header().Set("Atproto-Repo-Rev", rev)
+		}
 		b := []byte(body(r))
 		if r.Header.Get("Accept-Encoding") == "gzip" {
 			w.Header().Set("Content-Encoding", "gzip")
