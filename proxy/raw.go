@@ -87,12 +87,13 @@ func (p *Proxy) rawEligible(r *http.Request, nsid syntax.NSID, c Caller) bool {
 }
 
 // indexingGrace is how long after a commit an app view whose
-// atproto-repo-rev names that commit may still lack its posts. The
-// reference app view stores a commit's revision while it indexes the
-// commit's records, not after: for a moment it answers with the
-// repository's current revision and without the post just written. For
-// an account it has seen no commit of yet (a new account's first post) it
-// sends no revision at all.
+// atproto-repo-rev names that commit may still lack its posts, and those
+// of the commits just before it. The reference app view stores a commit's
+// revision while it indexes the commit's records, not after: for a moment
+// it answers with the repository's current revision and without the post
+// just written (and, now and then, without one written a moment earlier).
+// For an account it has seen no commit of yet (a new account's first
+// post) it sends no revision at all.
 const indexingGrace = 30 * time.Second
 
 // indexingMethods are the reads whose answers show the caller's new
@@ -109,20 +110,25 @@ type staleness struct {
 	// since: those written after this revision.
 	since string
 	// postsOnly: only posts (the upstream names the repository's current
-	// revision, whose commit it may still be indexing).
+	// revision, and may still be indexing the recent commits).
 	postsOnly bool
+	// orSince, when set, is asked for when since finds nothing: since is
+	// then the start of indexingGrace, which for a repository whose first
+	// commit here is more recent is not one of its revisions (and finds
+	// nothing); orSince is the one before its current commit.
+	orSince string
 }
 
 // behind reports whether resp, a JSON answer to nsid stamped with the
 // upstream's view of the caller's repository (atproto-repo-rev), may lack
 // records of the repository, and which: those written after the
 // upstream's revision when it is older than the repository's; the posts
-// of the repository's current commit when the upstream names that commit
-// and it is less than indexingGrace old. revOptional treats an answer
-// without a revision as naming the current one (the configured app
-// view's getPostThread NotFound: an app view that has seen no commit of
-// the caller sends none). What the upstream already shows is never added
-// twice.
+// of the last indexingGrace when the upstream names the repository's
+// current commit and that is less than indexingGrace old. revOptional
+// treats an answer without a revision as naming the current one (the
+// configured app view's getPostThread NotFound: an app view that has seen
+// no commit of the caller sends none). What the upstream already shows is
+// never added twice.
 func (p *Proxy) behind(ctx context.Context, resp *http.Response, did syntax.DID, nsid syntax.NSID, revOptional bool) (staleness, bool) {
 	if !isJSON(resp.Header.Get("Content-Type")) {
 		return staleness{}, false
@@ -146,7 +152,12 @@ func (p *Proxy) behind(ctx context.Context, resp *http.Response, did syntax.DID,
 	case local > rev: // TIDs sort as strings
 		return staleness{since: rev}, true
 	case local == rev && indexingMethods[nsid] && time.Since(tid.Time()) < indexingGrace && tid.Integer() > 0:
-		return staleness{since: syntax.NewTIDFromInteger(tid.Integer() - 1).String(), postsOnly: true}, true
+		before := syntax.NewTIDFromInteger(tid.Integer() - 1)
+		since := syntax.NewTIDFromTime(time.Now().Add(-indexingGrace), 0)
+		if since.Integer() >= before.Integer() {
+			return staleness{since: before.String(), postsOnly: true}, true
+		}
+		return staleness{since: since.String(), postsOnly: true, orSince: before.String()}, true
 	}
 	return staleness{}, false
 }
@@ -246,6 +257,9 @@ func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.V
 // (logged).
 func (p *Proxy) recordsSince(ctx context.Context, did syntax.DID, st staleness) *LocalRecords {
 	local, err := p.cfg.Local.RecordsSince(ctx, did, st.since)
+	if err == nil && local == nil && st.orSince != "" {
+		local, err = p.cfg.Local.RecordsSince(ctx, did, st.orSince)
+	}
 	if err != nil {
 		p.logger.Warn("read-after-write: local records lookup failed", "did", did, "error", err)
 		return nil

@@ -27,6 +27,9 @@ const (
 type fakeLocal struct {
 	rev     string
 	records *LocalRecords
+	// first, when set, is the repository's first revision here: a
+	// revision older than it finds nothing, as in the repo engine.
+	first string
 
 	mu         sync.Mutex
 	sinceRevs  []string
@@ -45,6 +48,9 @@ func (l *fakeLocal) RecordsSince(_ context.Context, did syntax.DID, rev string) 
 	l.mu.Lock()
 	l.sinceRevs = append(l.sinceRevs, rev)
 	l.mu.Unlock()
+	if rev < l.first {
+		return nil, nil
+	}
 	return l.records, nil
 }
 
