@@ -58,15 +58,20 @@ func (s *Server) handleAccountPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.PostFormValue("action") == "signin" {
-		a, status, msg, err := s.login(ctx, r)
+		a, refused, err := s.login(ctx, r)
 		if err != nil {
 			s.showPageError(w, internalPageError(err))
 			return
 		}
-		if msg != "" {
-			loginRefused(w, status)
-			s.render(w, status, "account", &pageData{Title: accountTitle, CSRF: s.csrfToken(d), Error: msg,
-				Identifier: r.PostFormValue("identifier"), FormAction: PathAccount}, "")
+		if refused != nil {
+			loginRefused(w, refused.status)
+			id := r.PostFormValue("identifier")
+			if len(id) > maxIdentifierLen {
+				id = ""
+			}
+			s.render(w, refused.status, "account", &pageData{Title: accountTitle, CSRF: s.csrfToken(d),
+				Error: refused.msg, Notice: refused.notice, AskCode: refused.askCode,
+				Identifier: id, FormAction: PathAccount}, "")
 			return
 		}
 		if _, err := s.signInDevice(ctx, w, r, d, a.DID); err != nil {

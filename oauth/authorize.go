@@ -21,6 +21,9 @@ import (
 const (
 	maxIdentifierLen = 512
 	maxPasswordLen   = 1024
+	// maxCodeLen bounds the mailed sign-in code (11 characters, with room
+	// for what a paste brings along).
+	maxCodeLen = 64
 )
 
 // pageError is a problem shown to a person as a page.
@@ -182,13 +185,20 @@ func (s *Server) nextStep(f *flow) {
 }
 
 func (s *Server) signInPage(f *flow, status int, msg string) {
+	s.signInPageWith(f, &signInOutcome{status: status, msg: msg})
+}
+
+// signInPageWith shows the sign-in form again after an attempt: the
+// identifier as entered, never the password, and the code field when the
+// account needs its mailed code.
+func (s *Server) signInPageWith(f *flow, o *signInOutcome) {
 	d := f.data(s, "Sign in")
-	d.Error = msg
+	d.Error, d.Notice, d.AskCode = o.msg, o.notice, o.askCode
 	d.Identifier = strings.TrimPrefix(f.req.Params.LoginHint, "@")
 	if id := f.r.PostFormValue("identifier"); id != "" && len(id) <= maxIdentifierLen {
 		d.Identifier = id
 	}
-	s.page(f, status, "signin", d)
+	s.page(f, o.status, "signin", d)
 }
 
 func (s *Server) consentPage(f *flow, a Account) {
@@ -286,32 +296,58 @@ func (s *Server) handleAuthorizePost(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// login runs Accounts.Login and turns its refusals into words.
-func (s *Server) login(ctx context.Context, r *http.Request) (Account, int, string, error) {
+// signInOutcome is a sign-in attempt that did not sign in, as the page
+// shows it.
+type signInOutcome struct {
+	status int
+	// msg is the error shown, notice a message that is not one.
+	msg, notice string
+	// askCode shows the field for the code mailed to the account.
+	askCode bool
+}
+
+// login runs Accounts.Login with the form's identifier, password and
+// sign-in code, and turns its refusals into words. Once the code field
+// has been shown (step=code), every refusal shows it again.
+func (s *Server) login(ctx context.Context, r *http.Request) (Account, *signInOutcome, error) {
 	id, pw := strings.TrimSpace(r.PostFormValue("identifier")), r.PostFormValue("password")
+	code := strings.TrimSpace(r.PostFormValue("code"))
+	askCode := r.PostFormValue("step") == "code"
+	refuse := func(status int, msg string) (Account, *signInOutcome, error) {
+		return Account{}, &signInOutcome{status: status, msg: msg, askCode: askCode}, nil
+	}
 	if id == "" || pw == "" {
-		return Account{}, http.StatusBadRequest, "Enter your handle or email and your password.", nil
+		return refuse(http.StatusBadRequest, "Enter your handle or email and your password.")
 	}
-	if len(id) > maxIdentifierLen || len(pw) > maxPasswordLen {
-		return Account{}, http.StatusBadRequest, "That handle or password is too long.", nil
+	if len(id) > maxIdentifierLen || len(pw) > maxPasswordLen || len(code) > maxCodeLen {
+		return refuse(http.StatusBadRequest, "That handle, password or code is too long.")
 	}
-	if !printable(id) || strings.ContainsRune(pw, 0) || !utf8.ValidString(pw) {
-		return Account{}, http.StatusBadRequest, "That handle or password contains characters that are not allowed.", nil
+	if !printable(id) || strings.ContainsRune(pw, 0) || !utf8.ValidString(pw) || !printable(code) {
+		return refuse(http.StatusBadRequest, "That handle, password or code contains characters that are not allowed.")
 	}
-	a, err := s.accounts.Login(ctx, id, pw)
+	a, err := s.accounts.Login(ctx, id, pw, code)
 	switch {
 	case err == nil:
-		return a, http.StatusOK, "", nil
+		return a, nil, nil
+	case errors.Is(err, ErrCodeRequired):
+		return Account{}, &signInOutcome{status: http.StatusOK, askCode: true,
+			notice: "This account also needs a sign-in code. One has been sent to its email address: enter it below, with your password again."}, nil
+	case errors.Is(err, ErrCodeInvalid):
+		askCode = true
+		return refuse(http.StatusUnauthorized, "That sign-in code is wrong or was already used. Enter the code from the latest email, or leave the code empty to have a new one sent.")
+	case errors.Is(err, ErrCodeExpired):
+		askCode = true
+		return refuse(http.StatusUnauthorized, "That sign-in code has expired. Leave the code empty and sign in again to have a new one sent.")
 	case errors.Is(err, ErrLoginFailed):
-		return Account{}, http.StatusUnauthorized, "Wrong handle, email or password.", nil
+		return refuse(http.StatusUnauthorized, "Wrong handle, email or password.")
 	case errors.Is(err, ErrRateLimited):
-		return Account{}, http.StatusTooManyRequests, "Too many sign-in attempts. Wait a few minutes, then try again.", nil
+		return refuse(http.StatusTooManyRequests, "Too many sign-in attempts. Wait a few minutes, then try again.")
 	case errors.Is(err, ErrAccountUnavailable):
-		return Account{}, http.StatusForbidden, "This account cannot be used to sign in to apps.", nil
+		return refuse(http.StatusForbidden, "This account cannot be used to sign in to apps.")
 	case errors.Is(err, ErrBusy):
-		return Account{}, http.StatusServiceUnavailable, "The server is busy. Try again in a few seconds.", nil
+		return refuse(http.StatusServiceUnavailable, "The server is busy. Try again in a few seconds.")
 	}
-	return Account{}, 0, "", err
+	return Account{}, nil, err
 }
 
 // loginBusyRetry is the Retry-After of a sign-in the server was too busy
@@ -327,14 +363,14 @@ func loginRefused(w http.ResponseWriter, status int) {
 
 func (s *Server) postSignIn(f *flow) {
 	ctx := f.r.Context()
-	a, status, msg, err := s.login(ctx, f.r)
+	a, refused, err := s.login(ctx, f.r)
 	if err != nil {
 		s.showPageError(f.w, internalPageError(err))
 		return
 	}
-	if msg != "" {
-		loginRefused(f.w, status)
-		s.signInPage(f, status, msg)
+	if refused != nil {
+		loginRefused(f.w, refused.status)
+		s.signInPageWith(f, refused)
 		return
 	}
 	if !matchesHint(a, f.req.Params.LoginHint) {

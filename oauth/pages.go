@@ -47,8 +47,10 @@ type pageData struct {
 	RequestURI string
 	ClientID   string
 	ClientName string
-	// Sign-in.
+	// Sign-in: the identifier as entered, and whether to ask for the
+	// code mailed to the account.
 	Identifier string
+	AskCode    bool
 	// Choosing, consenting, account page.
 	Accounts    []Account
 	Account     Account

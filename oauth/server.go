@@ -181,7 +181,14 @@ type Accounts interface {
 	// wrapping ErrRateLimited (rate limits are the implementation's job);
 	// an account that may not sign in (taken down): ErrAccountUnavailable;
 	// no password check possible now (a full queue): one wrapping ErrBusy.
-	Login(ctx context.Context, identifier, password string) (Account, error)
+	//
+	// An account that signs in with a code mailed to it as well (the email
+	// sign-in factor) also needs code, once the password is right: without
+	// one ("") the implementation mails one (as its session login does,
+	// with the same limits) and returns an error wrapping ErrCodeRequired;
+	// a wrong or used code: ErrCodeInvalid; a lapsed one: ErrCodeExpired.
+	// A wrong password says nothing about codes and mails nothing.
+	Login(ctx context.Context, identifier, password, code string) (Account, error)
 	// Get returns an account that may use OAuth, or an error wrapping
 	// ErrAccountUnavailable when it is gone or may not (taken down).
 	Get(ctx context.Context, did syntax.DID) (Account, error)
@@ -200,6 +207,13 @@ var (
 	// checking as many as it will): the person is asked to try again in a
 	// few seconds.
 	ErrBusy = errors.New("too many sign-ins in progress")
+	// ErrCodeRequired means the password was right and the account needs
+	// the sign-in code just mailed to it.
+	ErrCodeRequired = errors.New("a sign-in code sent by email is required")
+	// ErrCodeInvalid means the sign-in code is wrong or used.
+	ErrCodeInvalid = errors.New("invalid sign-in code")
+	// ErrCodeExpired means the sign-in code has lapsed.
+	ErrCodeExpired = errors.New("expired sign-in code")
 )
 
 // Server is the OAuth authorization server and resource-server verifier.

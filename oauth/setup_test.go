@@ -43,9 +43,15 @@ type testAccount struct {
 	acct     oauth.Account
 	password string
 	gone     bool
+	// signInCode, when set, is the code the account's sign-in needs (the
+	// email factor), usable once; codeExpired makes it lapsed; mailed
+	// counts the codes "sent".
+	signInCode  string
+	codeExpired bool
+	mailed      int
 }
 
-func (a *testAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
+func (a *testAccounts) Login(ctx context.Context, identifier, password, code string) (oauth.Account, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.logins++
@@ -61,6 +67,18 @@ func (a *testAccounts) Login(ctx context.Context, identifier, password string) (
 	}
 	if ta.gone {
 		return oauth.Account{}, oauth.ErrAccountUnavailable
+	}
+	switch {
+	case ta.signInCode == "":
+	case code == "":
+		ta.mailed++
+		return oauth.Account{}, oauth.ErrCodeRequired
+	case code != ta.signInCode:
+		return oauth.Account{}, oauth.ErrCodeInvalid
+	case ta.codeExpired:
+		return oauth.Account{}, oauth.ErrCodeExpired
+	default:
+		ta.signInCode = "used"
 	}
 	return ta.acct, nil
 }

@@ -80,24 +80,11 @@ type oauthAccounts struct{ s *Server }
 // Login signs a person in on the authorization pages: the account's own
 // password only (an app password is refused as a wrong password: it is
 // for apps that cannot do OAuth), under the same limits as createSession
-// (loginFrom). An account with the email sign-in factor on is refused
-// (no code is mailed): the page has no field for the code yet; see
-// LoginWithCode.
-func (o *oauthAccounts) Login(ctx context.Context, identifier, password string) (oauth.Account, error) {
-	return o.login(ctx, identifier, password, nil)
-}
-
-// LoginWithCode is Login for a page that asks for the mailed sign-in code
-// of an account with the email factor on: without code it mails one and
-// fails with an error wrapping account.ErrAuthFactorTokenRequired (show
-// the code field, keep the identifier; the person submits the password
-// again with the code); a wrong or used code wraps email.ErrTokenInvalid,
-// a lapsed one email.ErrTokenExpired (both also oauth.ErrLoginFailed).
-func (o *oauthAccounts) LoginWithCode(ctx context.Context, identifier, password, code string) (oauth.Account, error) {
-	return o.login(ctx, identifier, password, &code)
-}
-
-func (o *oauthAccounts) login(ctx context.Context, identifier, password string, code *string) (oauth.Account, error) {
+// (loginFrom), and for an account with the email sign-in factor on, the
+// code mailed to it, checked (or, without one, mailed) by the same
+// account-side step createSession takes (CheckAuthFactor): a wrong
+// password never gets that far, so never mails.
+func (o *oauthAccounts) Login(ctx context.Context, identifier, password, code string) (oauth.Account, error) {
 	s := o.s
 	addr, _ := ctx.Value(clientAddrKey).(netip.Addr)
 	a, app, err := s.loginFrom(ctx, http.Header{}, addr, identifier, password)
@@ -116,22 +103,21 @@ func (o *oauthAccounts) login(ctx context.Context, identifier, password string, 
 	case app != nil:
 		s.logger.Info("app password refused on the OAuth sign-in page", "did", a.DID)
 		return oauth.Account{}, oauth.ErrLoginFailed
-	case account.NeedsAuthFactor(a, app) && code == nil:
-		// Without a way to enter the code, the password alone must not
-		// open a session the factor is meant to guard.
-		s.logger.Info("OAuth sign-in refused: the account needs its email sign-in code", "did", a.DID)
-		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrAccountUnavailable, account.ErrAuthFactorTokenRequired)
 	}
-	if code != nil {
-		err := s.accounts.CheckAuthFactor(ctx, a, app, *code)
-		switch {
-		case errors.Is(err, email.ErrTokenInvalid), errors.Is(err, email.ErrTokenExpired):
-			return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrLoginFailed, err)
-		case err != nil:
-			return oauth.Account{}, err
-		}
+	err = s.accounts.CheckAuthFactor(ctx, a, app, code)
+	switch {
+	case err == nil:
+		return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
+	case errors.Is(err, account.ErrAuthFactorTokenRequired):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrCodeRequired, err)
+	case errors.Is(err, email.ErrTokenInvalid):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrCodeInvalid, err)
+	case errors.Is(err, email.ErrTokenExpired):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrCodeExpired, err)
+	case errors.Is(err, email.ErrRecipientLimited):
+		return oauth.Account{}, fmt.Errorf("%w: %w", oauth.ErrRateLimited, err)
 	}
-	return oauth.Account{DID: a.DID, Handle: a.Handle.String()}, nil
+	return oauth.Account{}, err
 }
 
 // Get returns an account that may use OAuth: any but a taken-down one (a

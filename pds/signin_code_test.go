@@ -152,10 +152,10 @@ func TestEmailAuthFactorNewAddress(t *testing.T) {
 	sink.None(t)
 }
 
-// The OAuth sign-in page cannot ask for the code yet: its Login refuses an
-// account with the factor on, without mailing anything, so that the
-// password alone never opens a grant the factor guards. LoginWithCode is
-// the whole flow, for a page that asks.
+// The OAuth sign-in pages' Login takes the account password and, for an
+// account with the factor on, the mailed code, through the same step as
+// createSession: a wrong password mails nothing, the right one without a
+// code mails one, and the code is checked as createSession checks it.
 func TestEmailAuthFactorOAuthLogin(t *testing.T) {
 	t.Parallel()
 	sink := emailtest.StartSMTP(t, emailtest.Options{})
@@ -163,23 +163,32 @@ func TestEmailAuthFactorOAuthLogin(t *testing.T) {
 	u := e.createUser(t)
 	accts := &oauthAccounts{s: e.server}
 	ctx := t.Context()
-	_, err := accts.Login(ctx, u.handle, u.pass)
+	_, err := accts.Login(ctx, u.handle, u.pass, "")
 	require.NoError(t, err, "no factor: the password is enough")
 
 	confirmAndEnableFactor(t, e, sink, u)
-	_, err = accts.Login(ctx, u.handle, u.pass)
-	require.ErrorIs(t, err, oauth.ErrAccountUnavailable)
-	require.ErrorIs(t, err, account.ErrAuthFactorTokenRequired)
-	_, err = accts.Login(ctx, u.handle, "wrong password")
+	_, err = accts.Login(ctx, u.handle, "wrong password", "")
+	require.ErrorIs(t, err, oauth.ErrLoginFailed)
+	_, err = accts.Login(ctx, u.handle, "wrong password", "AAAAA-AAAAA")
 	require.ErrorIs(t, err, oauth.ErrLoginFailed)
 	sink.None(t)
 
-	_, err = accts.LoginWithCode(ctx, u.handle, u.pass, "")
+	_, err = accts.Login(ctx, u.handle, u.pass, "")
+	require.ErrorIs(t, err, oauth.ErrCodeRequired)
 	require.ErrorIs(t, err, account.ErrAuthFactorTokenRequired)
 	code := emailtest.Parse(t, sink.Next(t)).Code(t)
-	_, err = accts.LoginWithCode(ctx, u.handle, u.pass, "AAAAA-AAAAA")
-	require.ErrorIs(t, err, oauth.ErrLoginFailed)
-	a, err := accts.LoginWithCode(ctx, u.handle, u.pass, code)
+	_, err = accts.Login(ctx, u.handle, u.pass, "AAAAA-AAAAA")
+	require.ErrorIs(t, err, oauth.ErrCodeInvalid)
+	a, err := accts.Login(ctx, u.handle, u.pass, code)
 	require.NoError(t, err)
 	require.Equal(t, u.did, a.DID)
+	_, err = accts.Login(ctx, u.handle, u.pass, code)
+	require.ErrorIs(t, err, oauth.ErrCodeInvalid, "once")
+
+	_, err = accts.Login(ctx, u.handle, u.pass, "")
+	require.ErrorIs(t, err, oauth.ErrCodeRequired)
+	late := emailtest.Parse(t, sink.Next(t)).Code(t)
+	e.clock.Advance(email.DefaultTokenTTL + 1)
+	_, err = accts.Login(ctx, u.handle, u.pass, late)
+	require.ErrorIs(t, err, oauth.ErrCodeExpired)
 }

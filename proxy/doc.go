@@ -22,8 +22,9 @@
 //     mapped to typed errors ([*Error]), a service's own error statuses
 //     passed on as the reference PDS passes them; and read-after-write for
 //     the caller's own recent posts and profile when the app view lags
-//     behind the repository (its answers spliced, its NotFound for the
-//     caller's new post answered with the post's thread).
+//     behind the repository, or names its current commit while it may
+//     still be indexing it (indexingGrace) (its answers spliced, its
+//     NotFound for the caller's new post answered with the post's thread).
 //
 // How many proxied requests may be in flight, per client and in all, is
 // the XRPC layer's to decide once [Proxy.RequestTarget] has said where a

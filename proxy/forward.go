@@ -155,12 +155,12 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, nsid syntax.NSID
 	if p.rawEligible(r, nsid, c) {
 		switch {
 		case resp.StatusCode == http.StatusOK:
-			if rev, behind := p.behind(r.Context(), resp, c.DID); behind {
-				return ex.readAfterWrite(w, r, resp, c, rev)
+			if st, behind := p.behind(r.Context(), resp, c.DID, nsid, false); behind {
+				return ex.readAfterWrite(w, r, resp, c, st)
 			}
 		case resp.StatusCode == http.StatusBadRequest && nsid == getPostThreadNSID:
-			if rev, behind := p.behind(r.Context(), resp, c.DID); behind {
-				return ex.threadNotFound(w, r, resp, c, rev)
+			if st, behind := p.behind(r.Context(), resp, c.DID, nsid, t.URL == p.cfg.AppViewURL); behind {
+				return ex.threadNotFound(w, r, resp, c, st)
 			}
 		}
 	}

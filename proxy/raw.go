@@ -86,24 +86,80 @@ func (p *Proxy) rawEligible(r *http.Request, nsid syntax.NSID, c Caller) bool {
 		r.Method == http.MethodGet && rawMethods[nsid] != nil
 }
 
-// behind reports whether resp, a JSON answer stamped with the upstream's
-// view of the caller's repository (atproto-repo-rev), is older than the
-// repository, and returns that upstream rev.
-func (p *Proxy) behind(ctx context.Context, resp *http.Response, did syntax.DID) (string, bool) {
-	rev := resp.Header.Get("Atproto-Repo-Rev")
-	if _, err := syntax.ParseTID(rev); err != nil {
-		return "", false
-	}
+// indexingGrace is how long after a commit an app view whose
+// atproto-repo-rev names that commit may still lack its posts, and those
+// of the commits just before it. The reference app view stores a commit's
+// revision while it indexes the commit's records, not after: for a moment
+// it answers with the repository's current revision and without the post
+// just written (and, now and then, without one written a moment earlier).
+// For an account it has seen no commit of yet (a new account's first
+// post) it sends no revision at all.
+const indexingGrace = 30 * time.Second
+
+// indexingMethods are the reads whose answers show the caller's new
+// posts while the app view indexes them (a profile read shows the same
+// record either way).
+var indexingMethods = map[syntax.NSID]bool{
+	"app.bsky.feed.getTimeline":   true,
+	"app.bsky.feed.getAuthorFeed": true,
+	getPostThreadNSID:             true,
+}
+
+// staleness is which of the caller's records an upstream answer may lack.
+type staleness struct {
+	// since: those written after this revision.
+	since string
+	// postsOnly: only posts (the upstream names the repository's current
+	// revision, and may still be indexing the recent commits).
+	postsOnly bool
+	// orSince, when set, is asked for when since finds nothing: since is
+	// then the start of indexingGrace, which for a repository whose first
+	// commit here is more recent is not one of its revisions (and finds
+	// nothing); orSince is the one before its current commit.
+	orSince string
+}
+
+// behind reports whether resp, a JSON answer to nsid stamped with the
+// upstream's view of the caller's repository (atproto-repo-rev), may lack
+// records of the repository, and which: those written after the
+// upstream's revision when it is older than the repository's; the posts
+// of the last indexingGrace when the upstream names the repository's
+// current commit and that is less than indexingGrace old. revOptional
+// treats an answer without a revision as naming the current one (the
+// configured app view's getPostThread NotFound: an app view that has seen
+// no commit of the caller sends none). What the upstream already shows is
+// never added twice.
+func (p *Proxy) behind(ctx context.Context, resp *http.Response, did syntax.DID, nsid syntax.NSID, revOptional bool) (staleness, bool) {
 	if !isJSON(resp.Header.Get("Content-Type")) {
-		return "", false
+		return staleness{}, false
+	}
+	rev := resp.Header.Get("Atproto-Repo-Rev")
+	if _, err := syntax.ParseTID(rev); err != nil && (rev != "" || !revOptional) {
+		return staleness{}, false
 	}
 	local, err := p.cfg.Local.RepoRev(ctx, did)
 	if err != nil {
 		p.logger.Warn("read-after-write: repo rev lookup failed", "did", did, "error", err)
-		return "", false
+		return staleness{}, false
 	}
-	// TIDs sort as strings.
-	return rev, local > rev
+	if rev == "" {
+		rev = local
+	}
+	tid, err := syntax.ParseTID(rev)
+	switch {
+	case err != nil:
+		return staleness{}, false
+	case local > rev: // TIDs sort as strings
+		return staleness{since: rev}, true
+	case local == rev && indexingMethods[nsid] && time.Since(tid.Time()) < indexingGrace && tid.Integer() > 0:
+		before := syntax.NewTIDFromInteger(tid.Integer() - 1)
+		since := syntax.NewTIDFromTime(time.Now().Add(-indexingGrace), 0)
+		if since.Integer() >= before.Integer() {
+			return staleness{since: before.String(), postsOnly: true}, true
+		}
+		return staleness{since: since.String(), postsOnly: true, orSince: before.String()}, true
+	}
+	return staleness{}, false
 }
 
 func isJSON(contentType string) bool {
@@ -111,35 +167,39 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || (len(mt) > 5 && mt[len(mt)-5:] == "+json"))
 }
 
-// readAfterWrite buffers resp (within MaxResponseBytes), splices the
-// caller's records newer than rev into it and writes the result; when
-// there is nothing to splice or the answer cannot be read, the upstream's
-// bytes go out unchanged.
-func (ex *exchange) readAfterWrite(w http.ResponseWriter, r *http.Request, resp *http.Response, c Caller, rev string) error {
+// readAfterWrite splices the caller's records that resp may lack into it:
+// when there are any, it buffers resp (within MaxResponseBytes), splices
+// them in and writes the result; otherwise, or when the answer cannot be
+// read, the upstream's bytes go out unchanged.
+func (ex *exchange) readAfterWrite(w http.ResponseWriter, r *http.Request, resp *http.Response, c Caller, st staleness) error {
+	local := ex.p.recordsSince(r.Context(), c.DID, st)
+	if local == nil {
+		return ex.relay(w, r, resp)
+	}
 	raw, err := ex.readAll(resp.Body)
 	if err != nil {
 		return err
 	}
-	out, lag := ex.p.splice(r.Context(), raw, resp.Header.Get("Content-Encoding"), r.URL.Query(), rawMethods[ex.nsid], c, rev)
+	out, lag := ex.p.splice(r.Context(), raw, resp.Header.Get("Content-Encoding"), r.URL.Query(), rawMethods[ex.nsid], c, local)
 	if out == nil {
 		ex.writeHeader(w, resp)
 		_, _ = w.Write(raw) // a failed write means the client left
 		return nil
 	}
+	ex.writeMunged(w, resp, out, lag)
+	return nil
+}
+
+// writeMunged answers 200 with out, a JSON body built here in place of
+// resp's, and how far behind the upstream was; of resp's headers, those
+// that still describe the answer are kept.
+func (ex *exchange) writeMunged(w http.ResponseWriter, resp *http.Response, out []byte, lag time.Duration) {
 	h := w.Header()
 	for _, name := range []string{"Content-Language", "Atproto-Repo-Rev", "Atproto-Content-Labelers"} {
 		if v := resp.Header.Values(name); len(v) > 0 {
 			h[name] = append([]string(nil), v...)
 		}
 	}
-	ex.writeMunged(w, out, lag)
-	return nil
-}
-
-// writeMunged answers 200 with out, a JSON body built here, and how far
-// behind the upstream was.
-func (ex *exchange) writeMunged(w http.ResponseWriter, out []byte, lag time.Duration) {
-	h := w.Header()
 	h.Set("Content-Type", "application/json; charset=utf-8")
 	h.Set("Content-Length", strconv.Itoa(len(out)))
 	h.Set(UpstreamLagHeader, strconv.FormatInt(lag.Milliseconds(), 10))
@@ -169,13 +229,9 @@ func (ex *exchange) readAll(body io.Reader) ([]byte, error) {
 	}
 }
 
-// splice returns the munged body and the upstream's lag, or nil to send
-// the original.
-func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.Values, munge munger, c Caller, rev string) ([]byte, time.Duration) {
-	local := p.recordsSince(ctx, c.DID, rev)
-	if local == nil {
-		return nil, 0
-	}
+// splice returns the body with local spliced in and the upstream's lag,
+// or nil to send the original.
+func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.Values, munge munger, c Caller, local *LocalRecords) ([]byte, time.Duration) {
 	plain, err := p.decode(raw, encoding)
 	if err != nil {
 		return nil, 0
@@ -196,13 +252,22 @@ func (p *Proxy) splice(ctx context.Context, raw []byte, encoding string, q url.V
 	return out, local.lag(time.Now())
 }
 
-// recordsSince is LocalState.RecordsSince, nil when there is nothing to
-// splice or the lookup failed (logged).
-func (p *Proxy) recordsSince(ctx context.Context, did syntax.DID, rev string) *LocalRecords {
-	local, err := p.cfg.Local.RecordsSince(ctx, did, rev)
+// recordsSince is LocalState.RecordsSince for what st says the upstream
+// may lack, nil when there is nothing to splice or the lookup failed
+// (logged).
+func (p *Proxy) recordsSince(ctx context.Context, did syntax.DID, st staleness) *LocalRecords {
+	local, err := p.cfg.Local.RecordsSince(ctx, did, st.since)
+	if err == nil && local == nil && st.orSince != "" {
+		local, err = p.cfg.Local.RecordsSince(ctx, did, st.orSince)
+	}
 	if err != nil {
 		p.logger.Warn("read-after-write: local records lookup failed", "did", did, "error", err)
 		return nil
+	}
+	if local != nil && st.postsOnly && local.ProfileChanged {
+		posts := *local
+		posts.ProfileChanged = false
+		local = &posts
 	}
 	if local == nil || (len(local.Posts) == 0 && !local.ProfileChanged) {
 		return nil

@@ -27,6 +27,9 @@ const (
 type fakeLocal struct {
 	rev     string
 	records *LocalRecords
+	// first, when set, is the repository's first revision here: a
+	// revision older than it finds nothing, as in the repo engine.
+	first string
 
 	mu         sync.Mutex
 	sinceRevs  []string
@@ -45,6 +48,9 @@ func (l *fakeLocal) RecordsSince(_ context.Context, did syntax.DID, rev string) 
 	l.mu.Lock()
 	l.sinceRevs = append(l.sinceRevs, rev)
 	l.mu.Unlock()
+	if rev < l.first {
+		return nil, nil
+	}
 	return l.records, nil
 }
 
@@ -84,12 +90,14 @@ func newRawFixture(t *testing.T) *rawFixture {
 	return fx
 }
 
-// appView serves body with the given rev, gzipped when the proxy asked
-// for gzip.
+// appView serves body with the given rev (none for ""), gzipped when the
+// proxy asked for gzip.
 func (fx *rawFixture) appView(t *testing.T, rev string, body func(r *http.Request) string) *upstream {
 	return newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.Header().Set("Atproto-Repo-Rev", rev)
+		if rev != "" {
+			w.Header().Set("Atproto-Repo-Rev", rev)
+		}
 		b := []byte(body(r))
 		if r.Header.Get("Accept-Encoding") == "gzip" {
 			w.Header().Set("Content-Encoding", "gzip")

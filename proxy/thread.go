@@ -71,14 +71,14 @@ func (v *viewer) insertReply(view map[string]any, lp localPost, parent string) b
 // and the post asked for is one of the caller's own written since, the
 // thread is built here (localThread); any other answer goes out as it
 // came.
-func (ex *exchange) threadNotFound(w http.ResponseWriter, r *http.Request, resp *http.Response, c Caller, rev string) error {
+func (ex *exchange) threadNotFound(w http.ResponseWriter, r *http.Request, resp *http.Response, c Caller, st staleness) error {
 	raw, err := ex.readAll(resp.Body)
 	if err != nil {
 		return err
 	}
 	if name, _ := errorBody(raw, resp.Header.Get("Content-Encoding")); name == "NotFound" {
-		if out, lag := ex.p.localThread(r.Context(), c, r.URL.Query(), rev); out != nil {
-			ex.writeMunged(w, out, lag)
+		if out, lag := ex.p.localThread(r.Context(), c, r.URL.Query(), st); out != nil {
+			ex.writeMunged(w, resp, out, lag)
 			return nil
 		}
 	}
@@ -88,16 +88,17 @@ func (ex *exchange) threadNotFound(w http.ResponseWriter, r *http.Request, resp 
 }
 
 // localThread builds getPostThread's answer for the caller's own post at
-// q's uri (its DID or handle) from its local records written after rev,
-// as the reference PDS does: the post, the caller's other new replies in
-// the thread under it, and its parents as the app view has them (asked
-// for with depth 0). Nil when the post is not one of those records.
-func (p *Proxy) localThread(ctx context.Context, c Caller, q url.Values, rev string) ([]byte, time.Duration) {
+// q's uri (its DID or handle) from its local records the app view lacks
+// (st), as the reference PDS does: the post, the caller's other new
+// replies in the thread under it, and its parents as the app view has
+// them (asked for with depth 0). Nil when the post is not one of those
+// records.
+func (p *Proxy) localThread(ctx context.Context, c Caller, q url.Values, st staleness) ([]byte, time.Duration) {
 	uri, err := syntax.ParseATURI(q.Get("uri"))
 	if err != nil {
 		return nil, 0
 	}
-	local := p.recordsSince(ctx, c.DID, rev)
+	local := p.recordsSince(ctx, c.DID, st)
 	if local == nil || !isCaller(uri.Authority(), c.DID, local.Handle) {
 		return nil, 0
 	}

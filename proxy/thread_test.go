@@ -18,7 +18,8 @@ import (
 // threadAppView is an app view that has not seen the caller's new posts:
 // getPostThread of one of them is 400 NotFound (gzipped when the proxy
 // asks for gzip), of anything else a thread of its own; every request's
-// path and query are recorded.
+// path and query are recorded. With rev "", it sends no revision, as the
+// reference app view does for an account it has seen no commit of.
 type threadAppView struct {
 	*upstream
 	mu    sync.Mutex
@@ -32,7 +33,9 @@ func newThreadAppView(t *testing.T, rev string, known string) *threadAppView {
 		av.asked = append(av.asked, r.URL.Path+"?"+r.URL.RawQuery)
 		av.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.Header().Set("Atproto-Repo-Rev", rev)
+		if rev != "" {
+			w.Header().Set("Atproto-Repo-Rev", rev)
+		}
 		uri := r.URL.Query().Get("uri")
 		if uri == known {
 			_, _ = io.WriteString(w, `{"thread":{"$type":"app.bsky.feed.defs#threadViewPost","post":{"uri":"`+uri+`","record":{"text":"the parent"}},`+
@@ -85,6 +88,7 @@ func TestReadAfterWriteThreadNotFound(t *testing.T) {
 		r := f.get(t, "app.bsky.feed.getPostThread?parentHeight=5&uri="+url.QueryEscape(tc.uri), map[string]string{"Accept-Encoding": tc.encoding})
 		require.Equal(t, http.StatusOK, r.status, r.body)
 		require.NotEmpty(t, r.header.Get(UpstreamLagHeader))
+		require.Equal(t, fx.oldRev, r.header.Get("Atproto-Repo-Rev"), "the app view's revision, as on every answer it gave")
 		thread := asMap(decodeJSON(t, r.body)["thread"])
 		require.Equal(t, threadViewPostType, thread["$type"])
 		post := asMap(thread["post"])

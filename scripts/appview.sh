@@ -13,6 +13,13 @@
 # Then it reads the profile, the author feed and the timeline through
 # Bulwark (app.bsky.* proxied to the app view with service auth), as the
 # Bluesky app does; APPVIEW_VIA_PDS=0 checks only the app view itself.
+# Then scripts/appview/appflow.mjs runs the Bluesky app's posting flow
+# through Bulwark: each new post and reply read back at once with
+# getPostThread (200 with the post, whether the app view has it yet or
+# not), the video upload with a service-auth token, image and quote
+# posts, and, with the app view's ingestion held back (the launcher's
+# control URL), Bulwark's read-after-write views checked against the app
+# view's own once it catches up.
 #
 # Needs npm (and node 22+ off linux-x64) and PostgreSQL's initdb and pg_ctl
 # (PG_BIN, PATH or /usr/lib/postgresql/*/bin); under root the app view's
@@ -139,4 +146,11 @@ args=("http://localhost:$PDS_PORT" "$appview_url" "$appview_did")
 [ "${APPVIEW_VIA_PDS:-1}" = 1 ] && args+=(--via-pds)
 t_check=$(ms)
 (cd "$work/node" && "$node_bin" check.mjs "${args[@]}")
-echo "appview.sh: check took $(($(ms) - t_check)) ms; peak memory: app view $(peak_rss "$av_pid"), bulwark $(peak_rss "$pds_pid")"
+echo "appview.sh: check took $(($(ms) - t_check)) ms"
+if [ "${APPVIEW_VIA_PDS:-1}" = 1 ]; then
+	control=$(sed -n 's/.*"control":"\([^"]*\)".*/\1/p' "$work/appview.json")
+	t_flow=$(ms)
+	(cd "$work/node" && "$node_bin" appflow.mjs "http://localhost:$PDS_PORT" "$appview_url" "$appview_did" "$control")
+	echo "appview.sh: app flow took $(($(ms) - t_flow)) ms"
+fi
+echo "appview.sh: peak memory: app view $(peak_rss "$av_pid"), bulwark $(peak_rss "$pds_pid")"

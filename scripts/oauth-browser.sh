@@ -7,9 +7,11 @@
 # for a permission set (include: scope) that another account of the
 # server publishes, its _lexicon TXT record served by a DNS server on this
 # machine (internal/cmd/devdns, which the server asks through
-# --dns-server). The pages are checked for accessibility (axe-core,
-# labels, one h1, focus order) and for requests to any other host. See
-# scripts/oauth-client/e2e.mjs.
+# --dns-server); last, an account with email sign-in codes on signs in
+# with its password and the code (read with the admin method the operator
+# of a server without SMTP uses). The pages are checked for accessibility
+# (axe-core, labels, one h1, focus order) and for requests to any other
+# host. See scripts/oauth-client/e2e.mjs.
 #
 # Needs node (18+), npm and /usr/bin/chromium; installs chromium with
 # apt-get when it is missing and apt-get can run (as root, or with sudo),
@@ -66,4 +68,4 @@ BULWARK_PROXY_ALLOW_PRIVATE="127.0.0.0/8" \
 	start serve.log "$work/bulwark" serve
 poll 120 curl -fsS "http://localhost:$PDS_PORT/xrpc/_health" || true
 (cd "$work" && CHROMIUM="$CHROMIUM" SCREENSHOTS="${SCREENSHOTS:-}" DNS_CONTROL="http://127.0.0.1:$DNS_CONTROL_PORT" \
-	node e2e.mjs "http://localhost:$PDS_PORT")
+	ADMIN_PASSWORD="$(cat "$work/data/secrets/admin-password")" node e2e.mjs "http://localhost:$PDS_PORT")

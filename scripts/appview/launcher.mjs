@@ -8,6 +8,8 @@
 // signed by a key made here; #atproto is that key and #bsky_appview and
 // #bsky_notif point at this server) and writes {"did", "url"} to --out once
 // it serves, so that the PDS can be started with that DID as its app view.
+// The file also names a control URL on loopback that stops and starts the
+// ingestion, for checks that need the app view to lag on purpose.
 //
 // Usage: node launcher.mjs --plc PLC_URL --pds PDS_URL --port N --db PG_URL
 //   --out FILE [--handle-domains .test,...]
@@ -169,9 +171,10 @@ resolveHandleViaPds(server.ctx.idResolver.handle)
 await server.start()
 
 const sub = new RepoSubscription({ service: firehose, db, idResolver: dataplane.idResolver })
+const control = await startControl()
 
 const tmp = opts.out + '.tmp'
-writeFileSync(tmp, JSON.stringify({ did: serverDid, url, firehose }) + '\n')
+writeFileSync(tmp, JSON.stringify({ did: serverDid, url, firehose, control }) + '\n')
 renameSync(tmp, opts.out)
 console.log(`app view ${serverDid} serving at ${url} (started in ${Date.now() - started} ms)`)
 
@@ -188,6 +191,48 @@ while (!stopping && !(await pdsHealthy())) await delay(200)
 if (!stopping) {
   sub.start()
   console.log(`app view: PDS up, ingesting ${firehose} (${Date.now() - started} ms)`)
+}
+
+// startControl serves the checks' switch for ingestion, on loopback: POST
+// /ingest/stop answers once the subscription is stopped and everything it
+// read is indexed, so the app view then stays behind the PDS until POST
+// /ingest/start (which replays from cursor 0). That makes "the app view has
+// not seen the post yet" a state a check can rely on rather than a race.
+async function startControl() {
+  const srv = http.createServer(async (req, res) => {
+    try {
+      if (req.method === 'POST' && req.url === '/ingest/stop') {
+        await stopIngesting()
+      } else if (req.method === 'POST' && req.url === '/ingest/start') {
+        if (!stopping) await sub.start()
+      } else {
+        res.writeHead(404).end()
+        return
+      }
+      console.log(`app view: ingestion ${sub.running ? 'running' : 'stopped'}`)
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ running: sub.running }))
+    } catch (err) {
+      console.error('app view: control:', err)
+      res.writeHead(500).end()
+    }
+  })
+  await new Promise((resolve) => srv.listen(0, '127.0.0.1', resolve))
+  srv.unref()
+  return `http://127.0.0.1:${srv.address().port}`
+}
+
+// stopIngesting is RepoSubscription.stop without its runner.destroy():
+// that clears the per-repository queues, and a task cleared behind a
+// running one never settles (p-queue), so destroy() then waits forever
+// whenever a repository had several events in flight. Draining instead
+// indexes everything the subscription read.
+async function stopIngesting() {
+  const cur = sub.current
+  if (!cur) return
+  sub.current = undefined
+  await cur.firehose.destroy()
+  await cur.runner.processAll()
+  await sub.background.processAll()
 }
 
 async function pdsHealthy() {

@@ -10,10 +10,15 @@
 // page shows what the set grants, the tokens get exactly that, and the
 // app, being public, is refused silent sign-in (prompt=none). Every page
 // passes the accessibility checks in pages.mjs, and the browser talks to
-// no host but Bulwark and the apps' callback. Run by
+// no host but Bulwark and the apps' callback. Last, an account that turned
+// on email sign-in codes signs in: the page asks for the mailed code
+// after the password, refuses a wrong one, and signs in with the right
+// one (read as the operator of a server without SMTP reads it, with the
+// admin method behind `bulwark admin account tokens`). Run by
 // scripts/oauth-browser.sh.
 //
-// Usage: DNS_CONTROL=<devdns control URL> node e2e.mjs <bulwark url, e.g. http://localhost:2583>
+// Usage: DNS_CONTROL=<devdns control URL> ADMIN_PASSWORD=<the server's>
+//   node e2e.mjs <bulwark url, e.g. http://localhost:2583>
 import { mkdtempSync, rmSync } from 'node:fs'
 import http from 'node:http'
 import { tmpdir } from 'node:os'
@@ -30,6 +35,8 @@ const SCOPE = 'atproto repo:app.bsky.feed.post?action=create'
 
 let passed = 0
 let failed = 0
+// expectedRefusals counts the 401 pages a step is about to be shown.
+let expectedRefusals = 0
 function check (name, ok, detail) {
   if (ok) {
     passed++
@@ -172,7 +179,14 @@ async function main () {
     page.on('console', (m) => {
       // The browser asks every origin for /favicon.ico; neither has one.
       const where = m.location()?.url ?? ''
-      if (m.type() === 'error' && !where.endsWith('/favicon.ico')) consoleErrors.push(`${page.url()}: ${m.text()} (${where})`)
+      if (m.type() !== 'error' || where.endsWith('/favicon.ico')) return
+      // A refusal the test asked for is a page with a 4xx status, which
+      // the browser reports as a failed load.
+      if (expectedRefusals > 0 && /status of 401/.test(m.text())) {
+        expectedRefusals--
+        return
+      }
+      consoleErrors.push(`${page.url()}: ${m.text()} (${where})`)
     })
 
     const session = await signInFlow(page, client, cb, user)
@@ -196,6 +210,7 @@ async function main () {
 
     await accountPageRevoke(page, client, cb, user, sessions)
     await permissionSet(page, cb, user)
+    await signInWithCode(page, cb)
   } finally {
     await browser.close()
     rmSync(profile, { recursive: true, force: true })
@@ -331,6 +346,74 @@ async function permissionSet (page, cb, user) {
   const err = await refused
   check('prompt=none: a public app is sent back with consent_required, no page shown',
     err?.callbackError === 'consent_required', String(err))
+  await session.signOut()
+}
+
+// pendingCode is the account's live code for purpose, as the operator
+// reads it.
+async function pendingCode (did, purpose) {
+  const res = await fetch(`${pds}/xrpc/io.github.bulwark-pds.admin.getPendingEmailTokens?account=${encodeURIComponent(did)}`, {
+    headers: { authorization: `Basic ${Buffer.from(`admin:${process.env.ADMIN_PASSWORD}`).toString('base64')}` }
+  })
+  const body = await res.json()
+  const code = body.tokens?.find((t) => t.purpose === purpose)?.code
+  check(`the operator reads the ${purpose} code`, res.status === 200 && !!code, JSON.stringify({ status: res.status, error: body.error }))
+  return code
+}
+
+// signInWithCode: an account with email sign-in codes on signs in to an
+// app: password, then the mailed code with the password again.
+async function signInWithCode (page, cb) {
+  const user = await createAccount('codes')
+  const email = `${user.handle}@example.com`
+  const call = async (nsid, body) => {
+    const res = await fetch(`${pds}/xrpc/${nsid}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${user.accessJwt}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+      body: body ? JSON.stringify(body) : undefined
+    })
+    check(nsid, res.status === 200, await res.text())
+  }
+  await call('com.atproto.server.requestEmailConfirmation')
+  await call('com.atproto.server.confirmEmail', { email, token: await pendingCode(user.did, 'confirm_email') })
+  await call('com.atproto.server.requestEmailUpdate')
+  await call('com.atproto.server.updateEmail', { email, emailAuthFactor: true, token: await pendingCode(user.did, 'update_email') })
+
+  const client = new NodeOAuthClient({
+    clientMetadata: buildAtprotoLoopbackClientMetadata({ scope: SCOPE, redirect_uris: [`${cb.origin}/callback`] }),
+    stateStore: mapStore(),
+    sessionStore: mapStore(),
+    requestLock,
+    handleResolver: pds,
+    plcDirectoryUrl: pds,
+    allowHttp: true
+  })
+  cb.client = client
+  await page.goto((await client.authorize(user.handle, { scope: SCOPE })).href)
+  await page.fill('#identifier', user.handle)
+  await page.fill('#password', user.password)
+  await page.click('#signin-submit')
+  await page.locator('#code').waitFor()
+  check('sign-in code: asked for after the password', await page.locator('#notice-message').isVisible())
+  check('sign-in code: the identifier is kept, the password is not', await page.inputValue('#identifier') === user.handle &&
+    await page.inputValue('#password') === '')
+  await checkPage(page, 'sign-in page asking for the code', ['identifier', 'password', 'code', 'signin-submit', 'cancel'], check)
+
+  await page.fill('#password', user.password)
+  await page.fill('#code', 'AAAAA-AAAAA')
+  expectedRefusals++
+  await page.click('#signin-submit')
+  await page.locator('#error-message').waitFor()
+  check('sign-in code: a wrong code is refused, and the code is asked for again',
+    /code is wrong/.test(await page.locator('#error-message').textContent()) && await page.locator('#code').isVisible())
+  await checkPage(page, 'sign-in page after a wrong code', ['identifier', 'password', 'code', 'signin-submit', 'cancel'], check)
+
+  await page.fill('#password', user.password)
+  await page.fill('#code', await pendingCode(user.did, 'sign_in'))
+  await page.click('#signin-submit')
+  await page.locator('#consent-form').waitFor()
+  const session = await consent(page, cb, false)
+  check('sign-in code: the app\'s session is the account\'s', session.did === user.did, session.did)
   await session.signOut()
 }
 
