@@ -155,7 +155,7 @@ func TestTrickledUploadCutOff(t *testing.T) {
 	// period. The deadline only bounds a failing test: the old per-read
 	// idle timeout (30 s) would let this trickle on for good.
 	stop := make(chan struct{})
-	timer := time.AfterFunc(5*time.Second, func() { close(stop) })
+	timer := time.AfterFunc(20*time.Second, func() { close(stop) })
 	defer timer.Stop()
 	resp := startTrickle(t, host, "/xrpc/com.atproto.repo.uploadBlob", 1<<20, "\x89PNG").run(20*time.Millisecond, stop)
 	require.NotNil(t, resp, "the trickled upload was not cut off")
