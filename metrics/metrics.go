@@ -66,10 +66,11 @@ var (
 		Namespace: namespace, Subsystem: "car_cache", Name: "builds_total",
 		Help: "Repository exports written into the CAR cache.",
 	})
-	// CARCacheBytes is the size of the cached files.
+	// CARCacheBytes is what the cached files count against --car-cache:
+	// their sizes, each at least 64 KiB.
 	CARCacheBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: "car_cache", Name: "bytes",
-		Help: "Bytes of cached getRepo answers on disk.",
+		Help: "Bytes of cached getRepo answers counted against --car-cache (each file at least 64 KiB).",
 	})
 )
 

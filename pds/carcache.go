@@ -26,6 +26,13 @@ import (
 // holds no database connection. A repository that moves on is exported
 // again on its next request.
 //
+// Each file is charged at least carEntryMin bytes against max: a server of
+// small repositories (a relay's crawl of a million accounts of a few KiB
+// each) would otherwise keep hundreds of thousands of entries, and their
+// bookkeeping in memory (~400 bytes each, times the collector's headroom)
+// would grow with the accounts instead of the cap. A small repository is
+// cheap to export again.
+//
 // The cache is only a cache: its directory is emptied at start.
 type carCache struct {
 	dir string
@@ -45,6 +52,13 @@ type carFile struct {
 	did, commit, path string
 	size              int64
 }
+
+// carEntryMin is the least a cached file is charged against the cache's
+// size: at most max/carEntryMin entries (16,384 for 1 GiB).
+const carEntryMin = 64 << 10
+
+// charge is what f counts against the cache's size.
+func (f *carFile) charge() int64 { return max(f.size, carEntryMin) }
 
 // carBuild is one export into the cache in progress; others asking for
 // the same repository at the same commit wait for it.
@@ -151,8 +165,9 @@ func (c *carCache) build(ctx context.Context, did, commit string, export func(io
 		if el, ok := c.byDID[did]; ok {
 			c.dropLocked(el)
 		}
-		c.byDID[did] = c.lru.PushFront(&carFile{did: did, commit: commit, path: path, size: size})
-		c.used += size
+		cf := &carFile{did: did, commit: commit, path: path, size: size}
+		c.byDID[did] = c.lru.PushFront(cf)
+		c.used += cf.charge()
 		for c.used > c.max && c.lru.Len() > 1 {
 			c.dropLocked(c.lru.Back())
 		}
@@ -175,7 +190,7 @@ func (c *carCache) build(ctx context.Context, did, commit string, export func(io
 func (c *carCache) dropLocked(el *list.Element) {
 	cf := c.lru.Remove(el).(*carFile)
 	delete(c.byDID, cf.did)
-	c.used -= cf.size
+	c.used -= cf.charge()
 	_ = os.Remove(cf.path)
 }
 

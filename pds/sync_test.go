@@ -670,3 +670,22 @@ func TestListRepos(t *testing.T) {
 	}
 	require.True(t, strings.HasPrefix(seen[0].Head, "bafyrei"))
 }
+
+// TestCARCacheBoundsEntries: small repositories' files are each charged
+// at least carEntryMin, so the cache's entries (and their memory) are
+// bounded by its size, not by the number of repositories served.
+func TestCARCacheBoundsEntries(t *testing.T) {
+	t.Parallel()
+	b := syncSetup(t, syncOptions{carCache: true, configure: func(c *config.Config) { c.CARCache = 3 * carEntryMin }})
+	for i := range 8 {
+		did := b.newAccount(t, fmt.Sprintf("small%d", i), account.StatusActive)
+		b.writePosts(t, did, "a", 2) // a CAR of well under a kilobyte
+		resp, body := b.get(t, "com.atproto.sync.getRepo", url.Values{"did": {did.String()}})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "body: %s", body)
+	}
+	cache := b.server.carCache
+	cache.mu.Lock()
+	kept := cache.lru.Len()
+	cache.mu.Unlock()
+	require.Equal(t, 3, kept)
+}
