@@ -125,11 +125,26 @@ var (
 		Help: "Commits built on a cached tree whose root another process had moved; rebuilt on the tree caught up, or redone under the repo's row lock.",
 	})
 	// StateRefreshes counts cached trees caught up with another process's
-	// commits (the new nodes read, the unchanged ones kept) instead of
-	// being loaded whole.
+	// commits (the records or nodes written since read, the unchanged
+	// nodes kept) instead of being loaded whole.
 	StateRefreshes = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "repo", Name: "state_refreshes_total",
-		Help: "Cached repository trees caught up with another node's commits (only the new MST nodes read) instead of loaded whole.",
+		Help: "Cached repository trees caught up with another node's commits (from the records or MST nodes written since) instead of loaded whole.",
+	})
+	// CommitPlans counts commits worked out and signed, stored or not: a
+	// commit built again on a tree caught up with another node's commits
+	// counts twice, so plans over commits is the work redone.
+	CommitPlans = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "commit_plans_total",
+		Help: "Commits worked out and signed, including those rebuilt after another node moved the repository; divided by commits_total, the work per commit.",
+	})
+	// RootChecks counts reads of a repository's root before a commit is
+	// worked out, made while other processes are moving it on (a
+	// round-robin balancer over nodes): one read instead of a commit
+	// worked out twice.
+	RootChecks = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "root_checks_total",
+		Help: "Reads of a repository's root before a commit to it is worked out, while other nodes are writing to it.",
 	})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -214,7 +229,7 @@ func init() {
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
-		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes,
+		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes, CommitPlans, RootChecks,
 		EventLogLastSeq, SequencerLag, SequencerPending, LeaseHeld, LeaseTakeovers,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, passwordSlotsCollector, limiterCollector, poolCollector,

@@ -116,19 +116,21 @@ func (e *Engine) enter(ctx context.Context, did string) (func(), error) {
 // cached state and sent as one pipelined batch with no BEGIN or COMMIT (the
 // statements of a pipeline up to its Sync run as one implicit transaction,
 // committed at the Sync, or rolled back whole if any statement fails).
-// bulwark_try_commit first takes the repo row lock and moves the root from
-// the cached commit to the new one; when another process had moved it, it
-// stores nothing and answers the stored root and the nodes written since,
-// and the commit is rebuilt on the cached tree caught up with them (a
-// refresh, not a reload: refresh.go), up to maxRefreshes times. done is
-// false when the fast path does not apply; the caller then takes the
-// two-round-trip path, which reads the root inside the lock. Commits whose
-// records touch blob references take that path too, since the blob
-// tracker needs the transaction open. While other commits are in flight,
-// the batch joins a group of them (group.go).
+// bulwark_try_commit first takes the repo row lock and moves the root
+// from the cached commit to the new one; when another process had moved
+// it, it stores nothing and answers what the cache lacks, and the commit
+// is undone, the tree caught up and the commit rebuilt (a refresh, not a
+// reload: refresh.go), up to maxRefreshes times. A repository that
+// another process moved recently is checked before the commit is worked
+// out (checkMoved), so that it is worked out once. done is false when the
+// fast path does not apply; the caller then takes the two-round-trip
+// path, which reads the root inside the lock. Commits whose records touch
+// blob references take that path too, since the blob tracker needs the
+// transaction open. While other commits are in flight, the batch joins a
+// group of them (group.go).
 //
-// When it is not done, cached is the cached state, if there was one, for
-// the locked path to catch up rather than load the tree whole.
+// When it is not done, cached is the cached state, if there is one still
+// usable, for the locked path to catch up rather than load the tree whole.
 func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (res *CommitResult, newState, cached *repoState, done bool, err error) {
 	st := e.cache.takeAny(did.String())
 	if st == nil || !st.commit.Defined() {
@@ -141,6 +143,11 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 			}
 		}
 	}
+	if st.checks > 0 {
+		if st, err = e.checkMoved(ctx, did, st); st == nil || err != nil {
+			return nil, nil, nil, err != nil, err
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		if swapCommit != nil && !swapCommit.Equals(st.commit) {
 			// The two-round-trip path reports the swap against the database.
@@ -149,7 +156,7 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 		p, err := e.plan(ctx, st, did, key, writes)
 		if err != nil || p.params == nil {
 			// The cached state may be stale: let the locked path decide.
-			return nil, nil, st, false, nil
+			return nil, nil, usable(st), false, nil
 		}
 		p.params.freshNodes = true
 		p.params.oldRev = st.rev
@@ -176,20 +183,50 @@ func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.D
 			e.fastCommits.Add(1)
 			return p.res, st, nil, true, nil
 		}
-		// Another process moved the root: catch the tree up and rebuild.
+		// Another process moved the root: undo the commit, catch the tree
+		// up and build the commit again.
 		e.counters.staleRoots.Inc()
+		if p.undo() != nil {
+			return nil, nil, nil, false, nil
+		}
 		if attempt >= maxRefreshes {
 			return nil, nil, st, false, nil
 		}
-		m, err := parseMoved(moved)
-		if err != nil {
+		if !e.refresh(ctx, e.pool, st, moved) {
 			return nil, nil, nil, false, nil
 		}
-		if st, err = st.refreshed(m); err != nil {
-			return nil, nil, nil, false, nil
-		}
-		e.counters.refreshes.Inc()
 	}
+}
+
+// checkMoved asks whether another process moved did's repository on from
+// st (one read, bulwark_repo_since) and, if it did, catches st up. It
+// returns the state to work the commit out on, or nil when there is none
+// (st could not be caught up, or the repository is gone): the locked
+// path then loads the tree, or says what became of the repository.
+func (e *Engine) checkMoved(ctx context.Context, did syntax.DID, st *repoState) (*repoState, error) {
+	e.counters.checks.Inc()
+	var moved [][]byte
+	err := db.TranslateCall(e.pool.QueryRow(ctx, qRepoSince, did.String(), st.commit.Bytes(), st.rev).Scan(&moved))
+	switch {
+	case errors.Is(err, db.ErrRootMoved):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the repo's root: %w", err)
+	case moved == nil:
+		st.checks--
+		return st, nil
+	case e.refresh(ctx, e.pool, st, moved):
+		return st, nil
+	}
+	return nil, nil
+}
+
+// usable is st, unless a plan left it torn.
+func usable(st *repoState) *repoState {
+	if st.torn {
+		return nil
+	}
+	return st
 }
 
 // rollback ends a commit transaction that failed part-way. A connection
@@ -220,8 +257,15 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 	begin.Queue(qLockRoot, did.String()).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&commitRaw, &dataRaw, &oldRev)
 	})
+	// What the cached tree lacks, if anything, read under the lock.
+	var since [][]byte
+	if cached != nil {
+		begin.Queue(qRepoSince, did.String(), cached.commit.Bytes(), cached.rev).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&since)
+		})
+	}
 	err := db.TranslateCall(conn.SendBatch(ctx, begin).Close())
-	if errors.Is(err, db.ErrNotFound) {
+	if errors.Is(err, db.ErrNotFound) || errors.Is(err, db.ErrRootMoved) {
 		return nil, nil, fmt.Errorf("%w: %s", ErrRepoNotFound, did)
 	}
 	if err != nil {
@@ -239,7 +283,7 @@ func (e *Engine) applyTx(ctx context.Context, conn *pgxpool.Conn, did syntax.DID
 		return nil, nil, fmt.Errorf("%w: the repo's commit is %s, not %s", ErrInvalidSwap, oldCommit, swapCommit)
 	}
 
-	st, err := e.lockedState(ctx, conn, did.String(), cached, &movedRoot{commit: oldCommit, data: oldData, rev: oldRev})
+	st, err := e.lockedState(ctx, conn, did.String(), cached, &movedRoot{commit: oldCommit, data: oldData, rev: oldRev}, since)
 	if err != nil {
 		return nil, nil, err
 	}

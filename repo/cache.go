@@ -23,6 +23,12 @@ type repoState struct {
 	// finding the nodes a commit drops need not decode them again.
 	kids map[cid.Cid][]cid.Cid
 	size int64
+	// checks is how many more commits ask whether another process moved
+	// the repository before they are worked out (refresh.go).
+	checks int
+	// torn is set when a plan could not be undone: the tree is not at
+	// data, and the state must not be used again.
+	torn bool
 }
 
 // treeCache keeps recently written repositories' trees, bounded by node
@@ -64,7 +70,7 @@ func (c *treeCache) put(st *repoState) {
 	if el, ok := c.byDID[st.did]; ok {
 		c.remove(el)
 	}
-	if st.size > c.max {
+	if st.size > c.max || st.torn {
 		return
 	}
 	c.byDID[st.did] = c.order.PushFront(st)

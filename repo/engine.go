@@ -39,7 +39,8 @@ var (
 	qCountRecords    = queries.MustGet("CountRecords")
 	qCommit          = queries.MustGet("Commit")
 	qTryCommit       = queries.MustGet("TryCommit")
-	qNodesSince      = queries.MustGet("NodesSince")
+	qRepoSince       = queries.MustGet("RepoSince")
+	qRepoNodesSince  = queries.MustGet("RepoNodesSince")
 	qDeleteRepo      = []string{queries.MustGet("DeleteRepoRecords"), queries.MustGet("DeleteRepoNodes"), queries.MustGet("DeleteRepoRoot")}
 )
 
@@ -105,7 +106,7 @@ type Config struct {
 // moved, and group commit's groups, their commits, and the groups refused
 // whole and stored commit by commit.
 type counters struct {
-	staleRoots, refreshes, commitGroups, groupedCommits, groupRetries prometheus.Counter
+	staleRoots, refreshes, commitGroups, groupedCommits, groupRetries, plans, checks prometheus.Counter
 }
 
 // serverCounters are the process's metrics.
@@ -115,14 +116,19 @@ var serverCounters = &counters{
 	commitGroups:   metrics.CommitGroups,
 	groupedCommits: metrics.GroupedCommits,
 	groupRetries:   metrics.CommitGroupRetries,
+	plans:          metrics.CommitPlans,
+	checks:         metrics.RootChecks,
 }
 
 // Engine reads and writes repositories.
 type Engine struct {
 	// fastCommits counts the commits the one-round-trip path stored.
 	fastCommits atomic.Int64
-	counters    *counters
-	group       groupCommitter
+	// nodeWalks counts the refreshes that the records written since could
+	// not do, which read the MST nodes written since (refresh.go).
+	nodeWalks atomic.Int64
+	counters  *counters
+	group     groupCommitter
 	// active counts commits in flight (from the writer's turn to its
 	// answer): a lone commit is sent at once, concurrent ones in groups.
 	active atomic.Int64

@@ -136,12 +136,14 @@ func TestGroupWithMovedMember(t *testing.T) {
 			require.Equal(t, plans[i].res.Commit, head.Commit)
 			continue
 		}
-		m, err := parseMoved(c.moved)
+		m, err := parseMoved(c.moved, false)
 		require.NoError(t, err)
 		require.Equal(t, moved.Commit, m.commit)
 		require.Equal(t, moved.Rev, m.rev)
 		require.Equal(t, head.Data, m.data)
-		require.NotEmpty(t, m.nodes, "no new nodes came back")
+		w := moved.Results[0]
+		require.Equal(t, []sinceRecord{{path: string(w.Collection) + "/" + string(w.RKey), cid: w.CID}}, m.records,
+			"the record written since did not come back")
 	}
 }
 

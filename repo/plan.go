@@ -20,27 +20,37 @@ import (
 
 // commitPlan is a commit worked out from a repo state: its result, the
 // parameters that store it (nil when nothing changes), the records' blob
-// references, and finish, which brings the state up to the new commit once
-// it is stored.
+// references, finish, which brings the state up to the new commit once
+// it is stored, and undo, which puts the state's tree back where it was
+// when the commit is not stored.
 type commitPlan struct {
 	res         *CommitResult
 	params      *commitParams
 	blobChanges []RecordBlobs
 	finish      func()
+	undo        func() error
 }
 
 // plan applies writes to st's tree and builds everything the commit stores,
 // checking every limit. It does no I/O; st.tree is mutated, so st may go
-// back into the cache only once the commit is stored.
-func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite) (*commitPlan, error) {
+// back into the cache only once the commit is stored, or once the plan is
+// undone. A plan that fails leaves the tree as it found it (or st torn,
+// if it could not).
+func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite) (_ *commitPlan, err error) {
 	oldCommit, oldData, oldRev := st.commit, st.data, st.rev
-	applied, err := applyOps(st.tree, writes)
+	applied, err := st.applyOps(writes)
 	if err != nil {
 		return nil, err
 	}
+	undo := func() error { return st.undoOps(applied.done, oldData) }
 	if len(applied.ops) == 0 {
-		return &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: applied.results}}, nil
+		return &commitPlan{res: &CommitResult{Commit: oldCommit, Rev: oldRev, Results: applied.results}, undo: undo}, nil
 	}
+	defer func() {
+		if err != nil {
+			_ = undo()
+		}
+	}()
 	// The diff is written before the root is asked for: asking for the
 	// root clears the tree's dirty flags, after which WriteDiffBlocks
 	// would write nothing.
@@ -50,6 +60,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		return nil, fmt.Errorf("writing MST diff: %w", err)
 	}
 	rev := e.nextRev(oldRev)
+	e.counters.plans.Inc()
 	commitCID, commitBytes, err := signCommit(did, *root, rev, key)
 	if err != nil {
 		return nil, err
@@ -77,6 +88,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 		params:      params,
 		blobChanges: e.blobChanges(applied),
 		finish:      func() { st.advance(removed, newKids, diff, *root, commitCID, rev) },
+		undo:        undo,
 	}, nil
 }
 
@@ -90,51 +102,92 @@ type appliedOps struct {
 	upserts, deletes []preparedWrite
 	// created holds the paths that had no record before this commit.
 	created map[string]bool
+	// done is every change made to the tree, in order, for undoOps.
+	done []*atrepo.Operation
 }
 
-// applyOps applies writes to tree, checking each against the record it
-// replaces (existence, swapRecord).
-func applyOps(tree *mst.Tree, writes []preparedWrite) (*appliedOps, error) {
+// applyOps applies writes to st's tree, checking each against the record
+// it replaces (existence, swapRecord). When one is refused, the tree is
+// put back as it was.
+func (st *repoState) applyOps(writes []preparedWrite) (*appliedOps, error) {
 	a := &appliedOps{results: make([]WriteResult, 0, len(writes)), created: make(map[string]bool, len(writes))}
+	data := st.data
 	for _, w := range writes {
-		var val *cid.Cid
-		if w.Action != ActionDelete {
-			c := w.cid
-			val = &c
-		}
-		op, err := atrepo.ApplyOp(tree, w.path, val)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrInvalidWrite, w.path, err)
-		}
-		if w.SwapRecord != nil && !sameCID(w.SwapRecord.CID, op.Prev) {
-			return nil, fmt.Errorf("%w: record %s is %s, not %s", ErrInvalidSwap, w.path, cidString(op.Prev), cidString(w.SwapRecord.CID))
-		}
-		res := WriteResult{Action: w.Action, Collection: w.Collection, RKey: w.RKey, CID: w.cid}
-		switch {
-		case w.Action == ActionCreate && op.Prev != nil:
-			return nil, fmt.Errorf("%w: %s", ErrRecordExists, w.path)
-		case w.Action == ActionDelete && op.Prev == nil:
-			return nil, fmt.Errorf("%w: %s", ErrRecordNotFound, w.path)
-		case w.Action == ActionUpdate && op.Prev == nil:
-			// putRecord on a missing record creates it.
-			res.Action = ActionCreate
-		case w.Action == ActionUpdate && op.Prev.Equals(w.cid):
-			// Identical record: no operation to report.
-			a.results = append(a.results, res)
-			continue
-		}
-		a.results = append(a.results, res)
-		if res.Action == ActionCreate {
-			a.created[w.path] = true
-		}
-		a.ops = append(a.ops, repoOp(res.Action, w.path, val, op.Prev))
-		if w.Action == ActionDelete {
-			a.deletes = append(a.deletes, w)
-		} else {
-			a.upserts = append(a.upserts, w)
+		if err := a.apply(st.tree, w); err != nil {
+			_ = st.undoOps(a.done, data)
+			return nil, err
 		}
 	}
 	return a, nil
+}
+
+// apply applies one write.
+func (a *appliedOps) apply(tree *mst.Tree, w preparedWrite) error {
+	var val *cid.Cid
+	if w.Action != ActionDelete {
+		c := w.cid
+		val = &c
+	}
+	op, err := atrepo.ApplyOp(tree, w.path, val)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrInvalidWrite, w.path, err)
+	}
+	a.done = append(a.done, op)
+	if w.SwapRecord != nil && !sameCID(w.SwapRecord.CID, op.Prev) {
+		return fmt.Errorf("%w: record %s is %s, not %s", ErrInvalidSwap, w.path, cidString(op.Prev), cidString(w.SwapRecord.CID))
+	}
+	res := WriteResult{Action: w.Action, Collection: w.Collection, RKey: w.RKey, CID: w.cid}
+	switch {
+	case w.Action == ActionCreate && op.Prev != nil:
+		return fmt.Errorf("%w: %s", ErrRecordExists, w.path)
+	case w.Action == ActionDelete && op.Prev == nil:
+		return fmt.Errorf("%w: %s", ErrRecordNotFound, w.path)
+	case w.Action == ActionUpdate && op.Prev == nil:
+		// putRecord on a missing record creates it.
+		res.Action = ActionCreate
+	case w.Action == ActionUpdate && op.Prev.Equals(w.cid):
+		// Identical record: no operation to report.
+		a.results = append(a.results, res)
+		return nil
+	}
+	a.results = append(a.results, res)
+	if res.Action == ActionCreate {
+		a.created[w.path] = true
+	}
+	a.ops = append(a.ops, repoOp(res.Action, w.path, val, op.Prev))
+	if w.Action == ActionDelete {
+		a.deletes = append(a.deletes, w)
+	} else {
+		a.upserts = append(a.upserts, w)
+	}
+	return nil
+}
+
+// undoOps reverts done on st's tree, newest first, and checks that the
+// tree is back at root (a tree's shape follows from its keys alone, so
+// reverting the changes restores the very nodes). If it is not, st is
+// marked torn: it must not be used again.
+func (st *repoState) undoOps(done []*atrepo.Operation, root cid.Cid) error {
+	err := func() error {
+		for i := len(done) - 1; i >= 0; i-- {
+			if _, err := atrepo.ApplyOp(st.tree, done[i].Path, done[i].Prev); err != nil {
+				return err
+			}
+		}
+		got, err := st.tree.RootCID()
+		if err != nil {
+			return err
+		}
+		if !got.Equals(root) {
+			return fmt.Errorf("root %s, not %s", got, root)
+		}
+		return nil
+	}()
+	if err != nil {
+		st.torn = true
+		return fmt.Errorf("%w: undoing a commit on the cached tree: %v", ErrCorruptRepo, err)
+	}
+	return nil
 }
 
 // repoOp is one operation as a #commit lists it.

@@ -90,8 +90,8 @@ SELECT bulwark_commit(
 
 -- name: TryCommit
 -- Commit for a writer building on its cached tree: bulwark_try_commit
--- (migrations/00019) with bulwark_commit's arguments and the rev the
--- cached tree is at. NULL: stored; otherwise nothing was written and the
+-- (migrations/00019, 00034) with bulwark_commit's arguments and the rev
+-- the cached tree is at. NULL: stored; otherwise nothing was written and the
 -- answer is what the cache needs to catch up (see refresh.go).
 SELECT bulwark_try_commit(
     p_did => $1, p_old => $2, p_commit => $3, p_commit_data => $4, p_data => $5, p_rev => $6,
@@ -101,11 +101,15 @@ SELECT bulwark_try_commit(
     p_ev_kind => $16, p_ev_rev => $17, p_ev_body => $18, p_ev_seq_offset => $19, p_ev_blocks_len => $20, p_ev_ops => $21,
     p_fresh_nodes => $22, p_old_rev => $23);
 
--- name: NodesSince
--- The MST nodes written after rev $2 (TIDs compare as bytes), for a
--- cached tree that is behind the root: with the nodes it has, they make
--- the current tree.
-SELECT cid, data FROM repo_nodes WHERE did = $1 AND rev COLLATE "C" > $2 COLLATE "C";
+-- name: RepoSince
+-- NULL while did's root is still at commit $2; otherwise the stored root
+-- and the records written after rev $3 (migrations/00034, refresh.go).
+SELECT bulwark_repo_since($1, $2, $3);
+
+-- name: RepoNodesSince
+-- As RepoSince, with the MST nodes written after rev $3 instead of the
+-- records: for when the records do not make the tree (refresh.go).
+SELECT bulwark_repo_nodes_since($1, $2, $3);
 
 -- name: GetRev
 SELECT rev FROM repo_roots WHERE did = $1;

@@ -58,7 +58,7 @@ type bundle struct {
 // that a test reads what its engine did and nothing else.
 func newCounters() *counters {
 	c := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "test"}) }
-	return &counters{staleRoots: c(), refreshes: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c()}
+	return &counters{staleRoots: c(), refreshes: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c(), plans: c(), checks: c()}
 }
 
 func setup(t testing.TB, cfg Config) *bundle {

@@ -50,20 +50,16 @@ func (e *Engine) loadState(ctx context.Context, q db.DBTX, did string, data cid.
 }
 
 // lockedState returns did's tree at root (read under the repo's row lock,
-// through q): cached caught up with the nodes written since its rev when
-// there is one, else the tree loaded whole.
-func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached *repoState, root *movedRoot) (*repoState, error) {
-	if cached != nil {
-		nodes, err := nodesSince(ctx, q, did, cached.rev)
-		if err != nil {
-			return nil, err
+// through q): cached, when there is one, as it is when the root has not
+// moved, or caught up with since (bulwark_repo_since's answer, read under
+// the lock) when it has; else the tree loaded whole.
+func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached *repoState, root *movedRoot, since [][]byte) (*repoState, error) {
+	if cached != nil && !cached.torn {
+		if since == nil && cached.commit.Equals(root.commit) {
+			return cached, nil
 		}
-		root.nodes = nodes
-		if st, err := cached.refreshed(root); err == nil {
-			if !st.data.Equals(cached.data) {
-				e.counters.refreshes.Inc()
-			}
-			return st, nil
+		if since != nil && e.refresh(ctx, q, cached, since) && cached.commit.Equals(root.commit) {
+			return cached, nil
 		}
 	}
 	st, err := e.loadState(ctx, q, did, root.data)
@@ -71,6 +67,9 @@ func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached 
 		return nil, err
 	}
 	st.commit, st.rev = root.commit, root.rev
+	if cached != nil {
+		st.checks = checksAfterMove
+	}
 	return st, nil
 }
 

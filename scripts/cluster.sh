@@ -12,6 +12,9 @@
 # with every #commit verifying; it prints what it measured.
 #
 #   scripts/cluster.sh
+#   scripts/cluster.sh --only throughput --rounds 3   # the write throughput runs alone
+#
+# Arguments are passed on to bulwark-cluster (`--help` lists them).
 #
 # haproxy and pgbouncer come from Debian's packages (installed when missing
 # and run as root). SeaweedFS's `weed` is built from the Go module proxy
@@ -53,4 +56,4 @@ fi
 (cd "$root" && go build -o "$work/bulwark" ./cmd/bulwark && go build -o "$work/bulwark-cluster" ./cmd/bulwark-cluster)
 on_exit() { :; }
 "$work/bulwark-cluster" --bulwark "$work/bulwark" --weed "$weed" --work "$work/run" \
-	--base-port "${CLUSTER_BASE_PORT:-31700}" ${KEEP:+--keep}
+	--base-port "${CLUSTER_BASE_PORT:-31700}" ${KEEP:+--keep} "$@"

@@ -172,6 +172,12 @@ func (c *cluster) startPostgres(pg *postgres, primary bool) error {
 		"-c", "port=" + strconv.Itoa(pg.port), "-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories=" + pg.dir, "-c", "wal_level=replica", "-c", "max_wal_senders=8",
 		"-c", "hot_standby=on", "-c", "max_connections=200", "-c", "shared_buffers=64MB",
+		// The throughput runs count the commit functions' calls.
+		"-c", "track_functions=pl",
+	}
+	if c.o.profileDir != "" {
+		// Postgres's time per statement, inside the functions too.
+		args = append(args, "-c", "shared_preload_libraries=pg_stat_statements", "-c", "pg_stat_statements.track=all")
 	}
 	if primary {
 		args = append(args, "-c", "synchronous_standby_names=standby1", "-c", "synchronous_commit=on")
@@ -320,7 +326,10 @@ func (c *cluster) startWeed(ctx context.Context) error {
 }
 
 // haproxy balances the nodes round robin, checking each one's health
-// every half second (two failures take it out).
+// every half second (two failures take it out). Two more frontends serve
+// the throughput runs: one keeps each account on one node (a hash of the
+// Authorization header, as docs/SCALING.md configures it), the other
+// sends everything to the first node.
 func (c *cluster) startHAProxy(nodes []*node) error {
 	var servers strings.Builder
 	for _, n := range nodes {
@@ -340,12 +349,26 @@ defaults
 frontend pds
   bind 127.0.0.1:%d
   default_backend nodes
+frontend pds-hash
+  bind 127.0.0.1:%d
+  default_backend nodes-hash
+frontend pds-one
+  bind 127.0.0.1:%d
+  default_backend nodes-one
 backend nodes
   balance roundrobin
   option httpchk GET /xrpc/_health
   http-check expect status 200
   default-server inter 500ms fall 2 rise 1
-%s`, c.port(portHAProxy), servers.String())
+%sbackend nodes-hash
+  balance hdr(Authorization)
+  hash-type consistent
+  option httpchk GET /xrpc/_health
+  http-check expect status 200
+  default-server inter 500ms fall 2 rise 1
+%sbackend nodes-one
+  server %s 127.0.0.1:%d
+`, c.port(portHAProxy), c.port(portHAProxyHash), c.port(portHAProxyOne), servers.String(), servers.String(), nodes[0].name, nodes[0].port)
 	path := filepath.Join(c.work, "haproxy.cfg")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return err

@@ -39,16 +39,18 @@ import (
 
 // Ports, as offsets from --base-port.
 const (
-	portPrimary    = 0
-	portStandby    = 1
-	portWeedMaster = 10
-	portWeedVolume = 11
-	portWeedFiler  = 12
-	portS3         = 13
-	portHAProxy    = 30
-	portNodes      = 40 // +i
-	portMetrics    = 50 // +i
-	portPgBouncer  = 60
+	portPrimary     = 0
+	portStandby     = 1
+	portWeedMaster  = 10
+	portWeedVolume  = 11
+	portWeedFiler   = 12
+	portS3          = 13
+	portHAProxy     = 30 // round robin over the three nodes
+	portHAProxyHash = 31 // each account on one node (hash on Authorization)
+	portHAProxyOne  = 32 // the first node only
+	portNodes       = 40 // +i
+	portMetrics     = 50 // +i
+	portPgBouncer   = 60
 )
 
 const (
@@ -60,9 +62,14 @@ const (
 // options are the flags.
 type options struct {
 	work, bulwarkBin, weedBin, pgBin, haproxyBin, pgbouncerBin string
-	basePort, clients, writes, burst                           int
+	basePort, clients, writes, burst, rounds                   int
 	freeze                                                     time.Duration
 	keep                                                       bool
+	// only, when "throughput", runs the throughput runs alone;
+	// profileDir, when set, receives each node's CPU profile of the
+	// first profileSeconds of each run.
+	only, profileDir string
+	profileSeconds   int
 }
 
 func main() {
@@ -87,12 +94,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.burst, "burst", 4500, "writes without a record key in the burst spread over the nodes")
 	fs.DurationVar(&o.freeze, "freeze", 20*time.Second, "how long the sequencer's leader is frozen")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory")
+	fs.IntVar(&o.rounds, "rounds", 2, "rounds of the three throughput runs (one node, round robin, affinity), alternating")
+	fs.StringVar(&o.only, "only", "", `"throughput": run the throughput runs alone (and check what they wrote)`)
+	fs.StringVar(&o.profileDir, "profile", "", "directory for each node's CPU profile of each throughput run")
+	fs.IntVar(&o.profileSeconds, "profile-seconds", 4, "length of those profiles (from each run's start)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.only != "" && o.only != "throughput" {
+		fmt.Fprintln(stderr, `bulwark-cluster: --only takes "throughput"`)
 		return 2
 	}
 	if o.bulwarkBin == "" || o.weedBin == "" {
 		fmt.Fprintln(stderr, "bulwark-cluster: --bulwark and --weed are required")
 		return 2
+	}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			fmt.Fprintln(stderr, "bulwark-cluster:", err)
+			return 1
+		}
 	}
 	c, err := newCluster(o, stdout)
 	if err != nil {

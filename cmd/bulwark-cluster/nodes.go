@@ -125,7 +125,7 @@ func (c *cluster) sequencerState(ctx context.Context) (pending, last int64, err 
 }
 
 // counters are the commit counters of the nodes' metrics, summed.
-type counters struct{ commits, stale, refreshes float64 }
+type counters struct{ commits, stale, refreshes, plans, checks float64 }
 
 func (c *cluster) counters() counters {
 	var out counters
@@ -152,6 +152,10 @@ func (c *cluster) counters() counters {
 				out.stale += v
 			case "bulwark_repo_state_refreshes_total":
 				out.refreshes += v
+			case "bulwark_repo_commit_plans_total":
+				out.plans += v
+			case "bulwark_repo_root_checks_total":
+				out.checks += v
 			}
 		}
 		resp.Body.Close()
@@ -160,5 +164,5 @@ func (c *cluster) counters() counters {
 }
 
 func (a counters) minus(b counters) counters {
-	return counters{commits: a.commits - b.commits, stale: a.stale - b.stale, refreshes: a.refreshes - b.refreshes}
+	return counters{commits: a.commits - b.commits, stale: a.stale - b.stale, refreshes: a.refreshes - b.refreshes, plans: a.plans - b.plans, checks: a.checks - b.checks}
 }
