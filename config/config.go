@@ -105,6 +105,10 @@ type Config struct {
 	// DatabaseURL points at an external Postgres. Empty means Bulwark runs
 	// its own cluster under DataDir/postgres.
 	DatabaseURL string
+	// PostgresSettings are name=value server settings for the managed
+	// Postgres, applied over Bulwark's own (a larger shared_buffers on a
+	// large server). Unused with DatabaseURL.
+	PostgresSettings []string
 	// DatabaseDirectURL reaches the same database without a connection
 	// pooler, for the work that needs one session across transactions
 	// (LISTEN, the migration lock, an import's staging tables), when

@@ -114,6 +114,9 @@ func TestInvalid(t *testing.T) {
 		{"env bad duration", map[string]string{"BULWARK_FIREHOSE_RETENTION": "3 days"}, nil, "BULWARK_FIREHOSE_RETENTION"},
 		{"flag bad size", nil, []string{"--max-json-body", "lots"}, "max-json-body"},
 		{"flag bad CIDR", nil, []string{"--trusted-proxies", "nope"}, "trusted-proxies"},
+		{"postgres setting without value", nil, []string{"--postgres-settings", "shared_buffers"}, "--postgres-settings"},
+		{"postgres setting name with a space", nil, []string{"--postgres-settings", "shared_buffers -c fsync=off"}, "--postgres-settings"},
+		{"env postgres setting name", map[string]string{"BULWARK_POSTGRES_SETTINGS": "work-mem=4MB"}, nil, "--postgres-settings"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

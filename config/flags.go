@@ -30,6 +30,7 @@ func (c *Config) settings() []setting {
 		{"hostname", "public host name (default localhost:<listen port>); service DID is did:web:<hostname>; host:port, localhost, *.test and private addresses are served over http (local use)", (*stringValue)(&c.Hostname)},
 		{"data-dir", "directory for the managed Postgres, blobs and generated secrets", (*stringValue)(&c.DataDir)},
 		{"database-url", "external Postgres URL; unset = run a managed Postgres under <data-dir>/postgres", (*databaseURLValue)(&c.DatabaseURL)},
+		{"postgres-settings", "comma-separated name=value settings for the managed Postgres, over Bulwark's own, like shared_buffers=4GB (ignored with --database-url)", (*listValue)(&c.PostgresSettings)},
 		{"database-direct-url", "the same database without a transaction-mode pooler (PgBouncer), for LISTEN, migrations and imports; needed when --database-url goes through one", (*databaseURLValue)(&c.DatabaseDirectURL)},
 		{"lease-timeout", "how long a node's lease on a singleton job (sequencer, retention, blob collection, relay watch) lasts unrenewed; a frozen node is replaced within this plus a sixth", (*durationValue)(&c.LeaseTimeout)},
 		{"admin-password", "HTTP Basic password (user admin) for admin methods; unset = generated into <data-dir>/secrets", (*secretValue)(&c.AdminPassword)},

@@ -65,6 +65,9 @@ func (c *Config) validateServer() error {
 			return settingError("database-url", "%v", err)
 		}
 	}
+	if err := checkPostgresSettings(c.PostgresSettings); err != nil {
+		return settingError("postgres-settings", "%v", err)
+	}
 	if c.DatabaseDirectURL != "" {
 		if c.DatabaseURL == "" {
 			return settingError("database-direct-url", "needs --database-url: the managed Postgres is reached directly")
@@ -380,6 +383,24 @@ func checkHandleDomain(d string) error {
 	// A domain is valid when a handle under it would be.
 	if _, err := syntax.ParseHandle("a" + d); err != nil {
 		return err
+	}
+	return nil
+}
+
+// checkPostgresSettings accepts name=value pairs whose name is a Postgres
+// setting's shape (letters, digits, underscores, dots), so that nothing but
+// one -c argument per pair reaches the postgres command line.
+func checkPostgresSettings(settings []string) error {
+	for _, kv := range settings {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || value == "" {
+			return fmt.Errorf("%q is not name=value", kv)
+		}
+		for _, r := range name {
+			if !(r == '_' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+				return fmt.Errorf("%q is not a setting name", name)
+			}
+		}
 	}
 	return nil
 }

@@ -229,7 +229,7 @@ func openServerDatabase(ctx context.Context, cfg *config.Config, logger *slog.Lo
 			return nil, nil, err
 		}
 		var err error
-		m, err = db.StartManaged(ctx, db.ManagedConfig{Dir: filepath.Join(cfg.DataDir, "postgres"), Logger: logger})
+		m, err = db.StartManaged(ctx, db.ManagedConfig{Dir: filepath.Join(cfg.DataDir, "postgres"), Logger: logger, Settings: cfg.PostgresSettings})
 		if err != nil {
 			return nil, nil, fmt.Errorf("managed postgres: %w", err)
 		}

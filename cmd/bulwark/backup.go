@@ -184,7 +184,7 @@ func backupDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger
 	if err := requireOwner(cfg.DataDir, "backup"); err != nil {
 		return "", nil, err
 	}
-	m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, Logger: logger})
+	m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: dir, Logger: logger, Settings: cfg.PostgresSettings})
 	if err != nil {
 		return "", nil, fmt.Errorf("managed postgres: %w", err)
 	}

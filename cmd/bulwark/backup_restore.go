@@ -127,7 +127,7 @@ func restoreBackup(ctx context.Context, cfg *config.Config, from string, force b
 		target.BlobDir = cfg.BlobDir
 	}
 	if target.DatabaseURL == "" {
-		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: filepath.Join(cfg.DataDir, ManagedPostgresDir), Logger: logger})
+		m, err := db.StartManaged(ctx, db.ManagedConfig{Dir: filepath.Join(cfg.DataDir, ManagedPostgresDir), Logger: logger, Settings: cfg.PostgresSettings})
 		if err != nil {
 			return nil, -1, fmt.Errorf("managed postgres (no server may run on the target data dir): %w", err)
 		}

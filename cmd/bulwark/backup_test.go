@@ -16,6 +16,7 @@ import (
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/events"
 	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/backup"
@@ -261,7 +262,18 @@ func TestBackupRestoreManaged(t *testing.T) {
 	}
 	t.Parallel()
 	_, plc := plctest.NewServer(t)
-	src := startLiveServer(t, serverOptions{managed: true, dataDir: managedDataDir(t), plcURL: plc.URL})
+	src := startLiveServer(t, serverOptions{managed: true, dataDir: managedDataDir(t), plcURL: plc.URL,
+		extra: []string{"--postgres-settings", "work_mem=7MB, log_temp_files=12345"}})
+	// The operator's settings reach the managed cluster, over Bulwark's own.
+	pgURL, ok := runningClusterURL(context.Background(), filepath.Join(src.dataDir, ManagedPostgresDir))
+	require.True(t, ok)
+	conn, err := pgx.Connect(context.Background(), pgURL)
+	require.NoError(t, err)
+	var workMem, tempFiles string
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT current_setting('work_mem'), current_setting('log_temp_files')").Scan(&workMem, &tempFiles))
+	conn.Close(context.Background())
+	require.Equal(t, "7MB", workMem)
+	require.Equal(t, "12345kB", tempFiles)
 	users := populate(t, src)
 	before := src.read(t, users)
 

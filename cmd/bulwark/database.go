@@ -46,8 +46,9 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 			return nil, fmt.Errorf("create data dir: %w", err)
 		}
 		m, err := db.StartManaged(ctx, db.ManagedConfig{
-			Dir:    filepath.Join(cfg.DataDir, ManagedPostgresDir),
-			Logger: logger,
+			Dir:      filepath.Join(cfg.DataDir, ManagedPostgresDir),
+			Logger:   logger,
+			Settings: cfg.PostgresSettings,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("managed postgres: %w", err)
