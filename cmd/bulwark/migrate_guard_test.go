@@ -13,6 +13,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/auth"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
@@ -72,13 +73,14 @@ func TestServeMigrationGuards(t *testing.T) {
 	t.Cleanup(plcSrv.Close)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	args := []string{"serve", "--database-url", dbtest.NewURL(t), "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
+	dbURL := dbtest.NewURL(t)
+	args := []string{"serve", "--database-url", dbURL, "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
 		"--plc-url", plcSrv.URL, "--handle-domains", ".test", "--smtp-url", sink.URL(), "--email-from", "Bulwark <noreply@pds.test>"}
 	addr, done, logs := startServe(t, ctx, args)
 	base := "http://" + addr
 
 	guardReplay(t, base, plcSrv.URL)
-	guardSlowImports(t, base)
+	guardSlowImports(t, base, dbURL)
 	guardMailFlood(t, base, sink)
 
 	cancel()
@@ -124,7 +126,7 @@ func guardReplay(t *testing.T, base, plcURL string) {
 
 // guardSlowImports holds one import of mallory's open, sees her second
 // refused at once, and imports bob's repository meanwhile.
-func guardSlowImports(t *testing.T, base string) {
+func guardSlowImports(t *testing.T, base, dbURL string) {
 	t.Helper()
 	account := func(name string) (syntax.DID, string, []byte) {
 		res := guardJSON(t, base, "com.atproto.server.createAccount", "", map[string]any{"handle": name + ".test", "email": name + "@example.com", "password": name + " password"})
@@ -142,32 +144,15 @@ func guardSlowImports(t *testing.T, base string) {
 	const car = "application/vnd.ipld.car"
 
 	// A first import whose body stops after its first bytes: it holds
-	// its slot until the body is abandoned. A second, whole, import sent
-	// before the first holds its slot passes (or makes the first lose the
-	// race, which is then started again); once the first holds it, the
-	// second is refused at once.
-	var pw *io.PipeWriter
-	var first chan int
-	startFirst := func() {
-		var pr *io.PipeReader
-		pr, pw = io.Pipe()
-		first = make(chan int, 1)
-		go func() { first <- heldImportStatus(base, mallory, pr) }()
-		go func() { _, _ = pw.Write(malloryCAR[:len(malloryCAR)/2]) }()
-	}
-	startFirst()
-	var second guardResult
-	for range 10 {
-		select {
-		case <-first:
-			startFirst()
-		default:
-		}
-		second = guardPost(t, base, "com.atproto.repo.importRepo", mallory, car, bytes.NewReader(malloryCAR))
-		if second.status != http.StatusOK {
-			break
-		}
-	}
+	// its slot until the body is abandoned. Once it holds the slot (its
+	// staging table exists: the server creates it after taking the slot),
+	// a second import of the same account is refused at once.
+	pr, pw := io.Pipe()
+	first := make(chan int, 1)
+	go func() { first <- heldImportStatus(base, mallory, pr) }()
+	go func() { _, _ = pw.Write(malloryCAR[:len(malloryCAR)/2]) }()
+	waitForStaging(t, dbURL, first)
+	second := guardPost(t, base, "com.atproto.repo.importRepo", mallory, car, bytes.NewReader(malloryCAR))
 	require.Equal(t, http.StatusTooManyRequests, second.status, second.raw)
 	require.Equal(t, "RateLimitExceeded", second.body["error"])
 	require.Contains(t, second.raw, "already running")
@@ -181,6 +166,33 @@ func guardSlowImports(t *testing.T, base string) {
 	}
 	pw.CloseWithError(io.ErrUnexpectedEOF)
 	<-first
+}
+
+// waitForStaging waits until an import's staging table exists in dbURL's
+// database (the import holds its slot), or fails if the import ended.
+func waitForStaging(t *testing.T, dbURL string, ended <-chan int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(waitLimit)
+	for {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = 'import_blocks' AND relpersistence = 't'").Scan(&n))
+		if n > 0 {
+			return
+		}
+		select {
+		case status := <-ended:
+			t.Fatalf("the held import was answered (%d) before it staged anything", status)
+		case <-limit:
+			t.Fatal("the held import never staged anything")
+		case <-tick.C:
+		}
+	}
 }
 
 // heldImportStatus posts an importRepo with body and returns its status,
