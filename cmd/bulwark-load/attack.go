@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -139,15 +138,8 @@ func (c *attackChild) wait() (*attackReport, error) {
 func runAttackChild(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := newFlagSet(&o, stderr)
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load attack:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load attack", args, stderr); !ok {
+		return code
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil)).With("process", "attack")
 	rep, err := attack(ctx, o, logger)

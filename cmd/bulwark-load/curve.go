@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,15 +68,8 @@ func runCurve(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprint(fs.Output(), curveUsage)
 		fs.PrintDefaults()
 	}
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load curve:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load curve", args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 || o.dataDir == "" || o.scale <= 0 {
 		fmt.Fprintln(stderr, "bulwark-load curve: want --data-dir, --samples > 0, no arguments")

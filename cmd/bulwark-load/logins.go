@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -52,15 +51,8 @@ Flags (each also BULWARK_LOAD_<FLAG>):
 `)
 		fs.PrintDefaults()
 	}
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load logins:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load logins", args, stderr); !ok {
+		return code
 	}
 	base, err := url.Parse(strings.TrimSuffix(rawURL, "/"))
 	addrs, aerr := parseSourceAddrs(sources)

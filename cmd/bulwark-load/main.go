@@ -95,6 +95,23 @@ type options struct {
 	childStderr io.Writer
 }
 
+// parseFlags applies the BULWARK_LOAD_* defaults to fs and parses args:
+// when ok is false the command ends with code (0 after -h, 2 for a bad
+// flag or variable, which fs or this reports on stderr as name).
+func parseFlags(fs *flag.FlagSet, name string, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := envDefault(fs); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return 2, false
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	return 0, true
+}
+
 // envDefault makes every flag settable as BULWARK_LOAD_<NAME>: flags win,
 // the environment supplies defaults.
 func envDefault(fs *flag.FlagSet) error {
@@ -129,15 +146,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var o options
 	fs := newFlagSet(&o, stderr)
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load", args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bulwark-load: unexpected arguments %q\n", fs.Args())

@@ -76,15 +76,8 @@ func runPopulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprint(fs.Output(), populateUsage)
 		fs.PrintDefaults()
 	}
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load populate:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load populate", args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 || o.accounts < 1 || o.history < 0 {
 		fmt.Fprintln(stderr, "bulwark-load populate: want --accounts >= 1, --history >= 0, no arguments")

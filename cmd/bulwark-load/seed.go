@@ -52,15 +52,8 @@ Flags (each also BULWARK_LOAD_<FLAG>):
 `)
 		fs.PrintDefaults()
 	}
-	if err := envDefault(fs); err != nil {
-		fmt.Fprintln(stderr, "bulwark-load seed:", err)
-		return 2
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, "bulwark-load seed", args, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 || handle == "" || password == "" || records < 0 || batch < 1 || batch > maxApplyWrites {
 		fmt.Fprintln(stderr, "bulwark-load seed: want --handle and --password, --records >= 0, --batch 1-200, no arguments")
