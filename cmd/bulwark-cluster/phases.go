@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -219,6 +220,24 @@ func (c *cluster) burst(ctx context.Context, lb *client, accts []*account) {
 	}
 }
 
+// underLoad starts writers on accts through clients and a probe writing to
+// probeAcct through the node at probeURL every interval, each write
+// recorded in log. end stops both and waits for them (it may be called
+// again).
+func (c *cluster) underLoad(ctx context.Context, clients []*client, accts []*account, probeURL string, probeAcct *account, every time.Duration, log *ackLog) (pr *probe, end func()) {
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); writers(wctx, clients, accts, 0, log) }()
+	pr = &probe{}
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		pr.run(wctx, newClient(probeURL, 5*time.Second), probeAcct, every, log)
+	}()
+	var once sync.Once
+	return pr, func() { once.Do(func() { stop(); <-done; <-probed }) }
+}
+
 // killNode kills the sequencer's leader with SIGKILL under write load and
 // starts it again.
 func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, probeAcct *account, streams []*stream, log *ackLog) error {
@@ -226,18 +245,8 @@ func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, pr
 	if err != nil {
 		return err
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan struct{})
-	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 5*time.Second), accts, 0, log) }()
-	pr := &probe{}
-	other := c.other(victim)
-	probed := make(chan struct{})
-	go func() {
-		defer close(probed)
-		pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
-	}()
-	defer func() { <-probed }()
+	pr, end := c.underLoad(ctx, c.clientsOf(lb, 5*time.Second), accts, c.other(victim).url(), probeAcct, 100*time.Millisecond, log)
+	defer end()
 	time.Sleep(2 * time.Second)
 	killed := time.Now()
 	c.logf("kill -9 %s (the sequencer's leader)", victim.name)
@@ -248,9 +257,7 @@ func (c *cluster) killNode(ctx context.Context, lb *client, accts []*account, pr
 	}
 	c.logf("%s restarted", victim.name)
 	time.Sleep(2 * time.Second)
-	stop()
-	<-done
-	<-probed
+	end()
 	c.stallFigure("kill -9 of the leader", pr, streams, victim, killed)
 	return nil
 }
@@ -263,19 +270,9 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 	if err != nil {
 		return err
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan struct{})
 	lb := newClient(c.lbURL(), 3*time.Second)
-	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 3*time.Second), accts, 0, log) }()
-	pr := &probe{}
-	other := c.other(victim)
-	probed := make(chan struct{})
-	go func() {
-		defer close(probed)
-		pr.run(wctx, newClient(other.url(), 5*time.Second), probeAcct, 100*time.Millisecond, log)
-	}()
-	defer func() { <-probed }()
+	pr, end := c.underLoad(ctx, c.clientsOf(lb, 3*time.Second), accts, c.other(victim).url(), probeAcct, 100*time.Millisecond, log)
+	defer end()
 	time.Sleep(2 * time.Second)
 	c.logf("SIGSTOP %s (the sequencer's leader) for %s", victim.name, c.o.freeze)
 	frozen := time.Now()
@@ -288,9 +285,7 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 	}
 	c.logf("SIGCONT %s", victim.name)
 	time.Sleep(3 * time.Second)
-	stop()
-	<-done
-	<-probed
+	end()
 	worst := c.stallFigure(fmt.Sprintf("leader frozen for %s", c.o.freeze), pr, streams, victim, frozen)
 	if worst > leaseBound {
 		c.fail("a frozen leader stalled another node's firehose for %s, over the %s bound", worst.Round(10*time.Millisecond), leaseBound)
@@ -301,17 +296,8 @@ func (c *cluster) freezeLeader(ctx context.Context, accts []*account, probeAcct 
 // failoverPhase stops the primary and promotes the standby under write
 // load, and measures the write outage.
 func (c *cluster) failoverPhase(ctx context.Context, lb *client, accts []*account, probeAcct *account, streams []*stream, log *ackLog) error {
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan struct{})
-	go func() { defer close(done); writers(wctx, c.clientsOf(lb, 5*time.Second), accts, 0, log) }()
-	pr := &probe{}
-	probed := make(chan struct{})
-	go func() {
-		defer close(probed)
-		pr.run(wctx, newClient(c.nodes[0].url(), 5*time.Second), probeAcct, 50*time.Millisecond, log)
-	}()
-	defer func() { <-probed }()
+	pr, end := c.underLoad(ctx, c.clientsOf(lb, 5*time.Second), accts, c.nodes[0].url(), probeAcct, 50*time.Millisecond, log)
+	defer end()
 	time.Sleep(2 * time.Second)
 	c.logf("stopping the primary, promoting the standby")
 	stopped, promoted, err := c.failover(ctx)
@@ -320,9 +306,7 @@ func (c *cluster) failoverPhase(ctx context.Context, lb *client, accts []*accoun
 	}
 	c.currentPrimary = c.standby
 	time.Sleep(6 * time.Second)
-	stop()
-	<-done
-	<-probed
+	end()
 	var first time.Time
 	_, acked := pr.ackTimes()
 	for _, at := range acked {
