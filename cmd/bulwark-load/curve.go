@@ -40,7 +40,7 @@ figures are costs, not limits), subscribeRepos admission open to loopback
 populated history, and a metrics listener on the next port (pool figures).
 
 Usage:
-  bulwark-load curve --bulwark ./bulwark --data-dir /work/big \
+  bulwark-load curve --bulwark ./bulwark --data-dir ./big \
       --listen 127.0.0.1:31901 --hostname localhost:31901 --handle-domains .test \
       --out results --label 1m
 

@@ -48,7 +48,7 @@ run again; --accounts is the total the database holds at the end, so a run
 with a larger number grows a populated database.
 
 Usage:
-  bulwark-load populate --data-dir /work/big --hostname localhost:31901 \
+  bulwark-load populate --data-dir ./big --hostname localhost:31901 \
       --handle-domains .test --accounts 100000 [--history 100000]
 
 Flags (the server's settings also as BULWARK_*, populate's as BULWARK_LOAD_*):
