@@ -39,6 +39,8 @@ var (
 	qNodeStopped   = queries.MustGet("NodeStopped")
 	qGetFact       = queries.MustGet("GetFact")
 	qSetFact       = queries.MustGet("SetFact")
+	qSetHintAddr   = queries.MustGet("SetHintAddr")
+	qHintPeers     = queries.MustGet("HintPeers")
 )
 
 const (

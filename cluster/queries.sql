@@ -75,7 +75,7 @@ ORDER BY clock_id;
 -- seconds: a node that froze or lost its connection for less than that
 -- keeps its id.
 UPDATE cluster_nodes n
-SET node = $1, host = $3, version = $4, facts = $5, started_at = clock_timestamp(),
+SET node = $1, host = $3, version = $4, facts = $5, hint_addr = '', started_at = clock_timestamp(),
     seen_at = clock_timestamp(), stopped_at = NULL
 WHERE n.clock_id = (
     SELECT clock_id FROM cluster_nodes
@@ -98,3 +98,13 @@ SELECT value, set_by, updated_at FROM cluster_facts WHERE name = $1;
 -- name: SetFact
 INSERT INTO cluster_facts (name, value, set_by) VALUES ($1, $2, $3)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value, set_by = excluded.set_by, updated_at = now();
+
+-- name: SetHintAddr
+-- The UDP address a node reads commit hints on (hints.go).
+UPDATE cluster_nodes SET hint_addr = $3 WHERE clock_id = $1 AND node = $2;
+
+-- name: HintPeers
+-- The hint addresses of the other nodes seen within $2 seconds.
+SELECT hint_addr FROM cluster_nodes
+WHERE hint_addr <> '' AND clock_id <> $1 AND stopped_at IS NULL
+  AND seen_at > clock_timestamp() - make_interval(secs => $2);

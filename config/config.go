@@ -121,6 +121,12 @@ type Config struct {
 	// lasts without a renewal: a node that freezes or is cut off is
 	// replaced within LeaseTimeout plus a sixth of it.
 	LeaseTimeout time.Duration
+	// ClusterHintAddr, when set, is the UDP ip:port this node reads the
+	// other nodes' commit hints on, and that it tells them to send to
+	// (cluster/hints.go): with it, a node keeps its cached trees current
+	// with the others' commits, and round robin over nodes costs no read
+	// per commit. Every node must reach it; keep it private.
+	ClusterHintAddr string
 	// AdminPassword is the HTTP Basic password (user "admin") for admin
 	// methods. Empty means generated into the data dir by EnsureSecrets.
 	AdminPassword string

@@ -33,6 +33,7 @@ func (c *Config) settings() []setting {
 		{"postgres-settings", "comma-separated name=value settings for the managed Postgres, over Bulwark's own, like shared_buffers=4GB (ignored with --database-url)", (*listValue)(&c.PostgresSettings)},
 		{"database-direct-url", "the same database without a transaction-mode pooler (PgBouncer), for LISTEN, migrations and imports; needed when --database-url goes through one", (*databaseURLValue)(&c.DatabaseDirectURL)},
 		{"lease-timeout", "how long a node's lease on a singleton job (sequencer, retention, blob collection, relay watch) lasts unrenewed; a frozen node is replaced within this plus a sixth", (*durationValue)(&c.LeaseTimeout)},
+		{"cluster-hint-addr", "UDP ip:port (a private address every node reaches) on which this node hears the other nodes' commits, so round robin over nodes needs no extra database read per write; unset = off", (*stringValue)(&c.ClusterHintAddr)},
 		{"admin-password", "HTTP Basic password (user admin) for admin methods; unset = generated into <data-dir>/secrets", (*secretValue)(&c.AdminPassword)},
 		{"jwt-secret", "session token signing key (at least 32 bytes); unset = generated", (*secretValue)(&c.JWTSecret)},
 		{"plc-url", "PLC directory URL (default: a development PLC in this server for a local host name, else https://plc.directory)", (*stringValue)(&c.PLCURL)},

@@ -79,6 +79,15 @@ func (c *Config) validateServer() error {
 	if c.LeaseTimeout < time.Second || c.LeaseTimeout > time.Minute {
 		return settingError("lease-timeout", "must be between 1s and 1m (got %s)", c.LeaseTimeout)
 	}
+	if c.ClusterHintAddr != "" {
+		ap, err := netip.ParseAddrPort(c.ClusterHintAddr)
+		switch {
+		case err != nil:
+			return settingError("cluster-hint-addr", "want ip:port, like 10.0.0.5:2583 (%v)", err)
+		case ap.Addr().IsUnspecified() || ap.Port() == 0:
+			return settingError("cluster-hint-addr", "the other nodes send to it: give this node's own IP and a port, not %s", c.ClusterHintAddr)
+		}
+	}
 	if c.AdminPassword != "" {
 		if err := checkAdminPassword(c.AdminPassword); err != nil {
 			return settingError("admin-password", "%v", err)

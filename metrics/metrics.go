@@ -146,6 +146,22 @@ var (
 		Namespace: namespace, Subsystem: "repo", Name: "root_checks_total",
 		Help: "Reads of a repository's root before a commit to it is worked out, while other nodes are writing to it.",
 	})
+	// RepoHints counts other nodes' commit hints by outcome: kept (of a
+	// repository this node caches), uncached (ignored), malformed,
+	// applied (a cached tree brought up to another node's commit) and
+	// dropped (a repository other nodes write to while this one does
+	// not: its cached tree is let go).
+	RepoHints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "repo", Name: "hints_total",
+		Help: "Other nodes' commit hints by outcome: kept, uncached, malformed, applied (a cached tree caught up without a database read), dropped (a tree written elsewhere let go).",
+	}, []string{"outcome"})
+	// ClusterHintDatagrams counts the commit hints a node sent and read
+	// (cluster/hints.go); refused are datagrams dropped unread: not from
+	// a running node's advertised address, too old, or with a bad tag.
+	ClusterHintDatagrams = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "cluster", Name: "hint_datagrams_total",
+		Help: "Commit hint datagrams by outcome: sent (one per peer), received, refused (unknown sender, too old or a bad tag).",
+	}, []string{"outcome"})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Subsystem: "eventlog", Name: "last_seq",
@@ -229,7 +245,7 @@ func init() {
 		Requests, RequestDuration, RefusalCoolOffs,
 		CARCacheHits, CARCacheBuilds, CARCacheBytes,
 		BackgroundPauses, BackgroundPauseTimeouts, BackgroundPauseSeconds,
-		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes, CommitPlans, RootChecks,
+		Commits, CommitGroups, GroupedCommits, CommitGroupRetries, StaleRoots, StateRefreshes, CommitPlans, RootChecks, RepoHints, ClusterHintDatagrams,
 		EventLogLastSeq, SequencerLag, SequencerPending, LeaseHeld, LeaseTakeovers,
 		FirehoseSubscribers, FirehoseFrames, FirehoseBytes, FirehoseRefused, FirehoseDisconnects,
 		budgetCollector, exportSlotsCollector, passwordSlotsCollector, limiterCollector, poolCollector,

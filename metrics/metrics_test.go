@@ -93,7 +93,7 @@ func TestCollectorsRegistered(t *testing.T) {
 		"BackgroundPauseSeconds": BackgroundPauseSeconds,
 		"Commits":                Commits, "CommitGroups": CommitGroups, "GroupedCommits": GroupedCommits,
 		"CommitGroupRetries": CommitGroupRetries, "StaleRoots": StaleRoots, "StateRefreshes": StateRefreshes,
-		"CommitPlans": CommitPlans, "RootChecks": RootChecks,
+		"CommitPlans": CommitPlans, "RootChecks": RootChecks, "RepoHints": RepoHints, "ClusterHintDatagrams": ClusterHintDatagrams,
 		"EventLogLastSeq": EventLogLastSeq, "SequencerLag": SequencerLag, "SequencerPending": SequencerPending,
 		"FirehoseSubscribers": FirehoseSubscribers, "FirehoseFrames": FirehoseFrames, "FirehoseBytes": FirehoseBytes,
 		"FirehoseRefused": FirehoseRefused, "FirehoseDisconnects": FirehoseDisconnects,

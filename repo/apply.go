@@ -73,6 +73,7 @@ func (e *Engine) ApplyGuarded(ctx context.Context, did syntax.DID, writes []Writ
 		if e.waker != nil {
 			e.waker.Wake()
 		}
+		e.sendHint(did.String(), res)
 	}
 	return res, nil
 }
@@ -132,8 +133,12 @@ func (e *Engine) enter(ctx context.Context, did string) (func(), error) {
 // When it is not done, cached is the cached state, if there is one still
 // usable, for the locked path to catch up rather than load the tree whole.
 func (e *Engine) applyOptimistic(ctx context.Context, lc *lazyConn, did syntax.DID, key atcrypto.PrivateKey, writes []preparedWrite, swapCommit *cid.Cid, guard *Guard, active int64) (res *CommitResult, newState, cached *repoState, done bool, err error) {
+	e.pollHints()
 	st := e.cache.takeAny(did.String())
 	if st == nil || !st.commit.Defined() {
+		return nil, nil, nil, false, nil
+	}
+	if e.followHints(ctx, st); st.torn {
 		return nil, nil, nil, false, nil
 	}
 	if e.blobs != nil {

@@ -87,6 +87,14 @@ func (c *treeCache) remove(el *list.Element) {
 	c.used -= st.size
 }
 
+// has reports whether did's state is cached.
+func (c *treeCache) has(did string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.byDID[did]
+	return ok
+}
+
 // drop forgets did's state, if cached.
 func (c *treeCache) drop(did string) {
 	c.mu.Lock()

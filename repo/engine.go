@@ -107,6 +107,8 @@ type Config struct {
 // whole and stored commit by commit.
 type counters struct {
 	staleRoots, refreshes, commitGroups, groupedCommits, groupRetries, plans, checks prometheus.Counter
+	// hints counts other nodes' hints by what became of them (hints.go).
+	hints *prometheus.CounterVec
 }
 
 // serverCounters are the process's metrics.
@@ -118,6 +120,7 @@ var serverCounters = &counters{
 	groupRetries:   metrics.CommitGroupRetries,
 	plans:          metrics.CommitPlans,
 	checks:         metrics.RootChecks,
+	hints:          metrics.RepoHints,
 }
 
 // Engine reads and writes repositories.
@@ -149,6 +152,11 @@ type Engine struct {
 	cache    *treeCache
 	clock    atomic.Pointer[syntax.TIDClock]
 	log      *slog.Logger
+
+	// hintSender sends hints of this process's commits to the other
+	// nodes, and hints keeps theirs (hints.go).
+	hintSender atomic.Pointer[HintSender]
+	hints      hintBook
 }
 
 // New returns an engine over pool. waker may be nil.

@@ -66,7 +66,8 @@ type movedRoot struct {
 	nodes        nodeSource
 }
 
-// sinceRecord is a record written after a cached rev.
+// sinceRecord is a record written after a cached rev (cid undefined: one
+// deleted, which only a hint tells).
 type sinceRecord struct {
 	path string
 	cid  cid.Cid
@@ -152,8 +153,13 @@ func (st *repoState) replay(ctx context.Context, m *movedRoot) (bool, error) {
 	oldData := st.data
 	done := make([]*atrepo.Operation, 0, len(m.records))
 	for _, r := range m.records {
-		val := r.cid
-		op, err := atrepo.ApplyOp(st.tree, r.path, &val)
+		// A record CID is undefined for a delete (a hint's).
+		var val *cid.Cid
+		if r.cid.Defined() {
+			c := r.cid
+			val = &c
+		}
+		op, err := atrepo.ApplyOp(st.tree, r.path, val)
 		if err != nil {
 			return false, st.undoOps(done, oldData)
 		}

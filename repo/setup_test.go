@@ -58,7 +58,8 @@ type bundle struct {
 // that a test reads what its engine did and nothing else.
 func newCounters() *counters {
 	c := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "test"}) }
-	return &counters{staleRoots: c(), refreshes: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c(), plans: c(), checks: c()}
+	hints := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_hints"}, []string{"outcome"})
+	return &counters{staleRoots: c(), refreshes: c(), commitGroups: c(), groupedCommits: c(), groupRetries: c(), plans: c(), checks: c(), hints: hints}
 }
 
 func setup(t testing.TB, cfg Config) *bundle {

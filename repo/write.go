@@ -57,6 +57,9 @@ type CommitResult struct {
 	Commit  cid.Cid
 	Rev     string
 	Results []WriteResult
+	// moved is what the commit changed, for the other nodes' hints (nil
+	// when it changed nothing).
+	moved *movedFrom
 }
 
 var cidBuilder = cid.NewPrefixV1(cid.DagCBOR, multihash.SHA2_256)

@@ -45,6 +45,7 @@ const (
 	portWeedVolume  = 11
 	portWeedFiler   = 12
 	portS3          = 13
+	portHints       = 20 // +i, UDP: each node's commit hints
 	portHAProxy     = 30 // round robin over the three nodes
 	portHAProxyHash = 31 // each account on one node (hash on Authorization)
 	portHAProxyOne  = 32 // the first node only
@@ -70,6 +71,10 @@ type options struct {
 	// first profileSeconds of each run.
 	only, profileDir string
 	profileSeconds   int
+	// nodeCPU, when positive, is each node's CPU quota in cores.
+	nodeCPU float64
+	// hints gives each node a --cluster-hint-addr.
+	hints bool
 }
 
 func main() {
@@ -98,6 +103,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.only, "only", "", `"throughput": run the throughput runs alone (and check what they wrote)`)
 	fs.StringVar(&o.profileDir, "profile", "", "directory for each node's CPU profile of each throughput run")
 	fs.IntVar(&o.profileSeconds, "profile-seconds", 4, "length of those profiles (from each run's start)")
+	fs.BoolVar(&o.hints, "hints", true, "nodes tell each other their commits (--cluster-hint-addr); false to measure without")
+	fs.Float64Var(&o.nodeCPU, "node-cpu", 0, "each node's own CPU quota in cores (a cgroup each, as separate machines of that size; needs root)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -142,6 +149,7 @@ type cluster struct {
 	primary, standby                         *postgres
 	weed, haproxy                            *proc
 	nodes                                    []*node
+	cgroups                                  []*cpuCgroup
 	procs                                    []*proc
 	report                                   []string
 	failures                                 []string
@@ -228,6 +236,9 @@ func (c *cluster) fail(format string, args ...any) {
 func (c *cluster) teardown() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].stop(syscall.SIGTERM, 15*time.Second)
+	}
+	for _, g := range c.cgroups {
+		g.remove()
 	}
 	if !c.o.keep {
 		_ = os.RemoveAll(c.work)

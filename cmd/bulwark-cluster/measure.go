@@ -75,12 +75,12 @@ type runCost struct {
 	commits                           float64
 	nodeCPU, pgCPU, sbCPU, proxyCPU   time.Duration // per commit
 	calls, checks, xacts, stale, load float64       // per commit, but load
-	plans, refreshes                  float64
+	plans, refreshes, hinted          float64
 }
 
 func (a usage) minus(b usage) runCost {
 	d := a.c.minus(b.c)
-	r := runCost{commits: d.commits, stale: d.stale, refreshes: d.refreshes, plans: d.plans}
+	r := runCost{commits: d.commits, stale: d.stale, refreshes: d.refreshes, plans: d.plans, hinted: d.hinted}
 	if d.commits <= 0 {
 		return r
 	}
@@ -97,8 +97,12 @@ func (r runCost) String() string {
 	if r.commits > 0 {
 		plans = r.plans / r.commits
 	}
-	return fmt.Sprintf("per commit: CPU nodes %d µs, Postgres %d µs (standby %d µs), HAProxy %d µs; plans %.2f, commit calls %.2f, root checks %.2f, transactions %.2f; load %.1f",
-		r.nodeCPU.Microseconds(), r.pgCPU.Microseconds(), r.sbCPU.Microseconds(), r.proxyCPU.Microseconds(), plans, r.calls, r.checks, r.xacts, r.load)
+	hinted := 0.0
+	if r.commits > 0 {
+		hinted = r.hinted / r.commits
+	}
+	return fmt.Sprintf("per commit: CPU nodes %d µs, Postgres %d µs (standby %d µs), HAProxy %d µs; plans %.2f, commit calls %.2f, root checks %.2f, caught up from hints %.2f, transactions %.2f; load %.1f",
+		r.nodeCPU.Microseconds(), r.pgCPU.Microseconds(), r.sbCPU.Microseconds(), r.proxyCPU.Microseconds(), plans, r.calls, r.checks, hinted, r.xacts, r.load)
 }
 
 // loadAverage is the one-minute load average.

@@ -19,10 +19,13 @@ import (
 type node struct {
 	name              string
 	port, metricsPort int
+	hintPort          int
 	dataDir           string
 	p                 *proc
 	// extra are flags beside the cluster's own (a node behind PgBouncer).
 	extra []string
+	// cpu, with --node-cpu, is the node's own CPU quota.
+	cpu *cpuCgroup
 }
 
 func (n *node) url() string { return fmt.Sprintf("http://127.0.0.1:%d", n.port) }
@@ -30,7 +33,11 @@ func (n *node) url() string { return fmt.Sprintf("http://127.0.0.1:%d", n.port) 
 // args are the node's serve flags: every node the same but for its
 // addresses and data directory.
 func (c *cluster) nodeArgs(n *node, dbURL string) []string {
-	return append([]string{c.o.bulwarkBin, "serve",
+	var hints []string
+	if c.o.hints && n.hintPort != 0 {
+		hints = []string{"--cluster-hint-addr", fmt.Sprintf("127.0.0.1:%d", n.hintPort)}
+	}
+	return append(append([]string{c.o.bulwarkBin, "serve",
 		"--listen", fmt.Sprintf("127.0.0.1:%d", n.port),
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", n.metricsPort),
 		"--hostname", fmt.Sprintf("localhost:%d", c.port(portHAProxy)),
@@ -41,7 +48,7 @@ func (c *cluster) nodeArgs(n *node, dbURL string) []string {
 		"--blob-s3-access-key", s3AccessKey, "--blob-s3-secret-key", s3SecretKey,
 		"--trusted-proxies", "127.0.0.1/32", "--ratelimits", "off", "--firehose-allow", "127.0.0.0/8",
 		"--log-format", "text",
-	}, n.extra...)
+	}, hints...), n.extra...)
 }
 
 // multiHostURL reaches whichever of the pair takes writes.
@@ -51,7 +58,7 @@ func (c *cluster) multiHostURL() string {
 }
 
 func (c *cluster) newNode(i int) *node {
-	return &node{name: fmt.Sprintf("node%d", i+1), port: c.port(portNodes + i), metricsPort: c.port(portMetrics + i),
+	return &node{name: fmt.Sprintf("node%d", i+1), port: c.port(portNodes + i), metricsPort: c.port(portMetrics + i), hintPort: c.port(portHints + i),
 		dataDir: filepath.Join(c.work, fmt.Sprintf("node%d", i+1))}
 }
 
@@ -65,6 +72,11 @@ func (c *cluster) startNode(n *node, dbURL string) error {
 		return err
 	}
 	n.p = p
+	if n.cpu != nil {
+		if err := n.cpu.add(p.cmd.Process.Pid); err != nil {
+			return fmt.Errorf("%s: its CPU quota: %w", n.name, err)
+		}
+	}
 	return waitFor(p, 2*time.Minute, n.name+" serving", healthy(n.url()))
 }
 
@@ -125,7 +137,7 @@ func (c *cluster) sequencerState(ctx context.Context) (pending, last int64, err 
 }
 
 // counters are the commit counters of the nodes' metrics, summed.
-type counters struct{ commits, stale, refreshes, plans, checks float64 }
+type counters struct{ commits, stale, refreshes, plans, checks, hinted float64 }
 
 func (c *cluster) counters() counters {
 	var out counters
@@ -156,6 +168,8 @@ func (c *cluster) counters() counters {
 				out.plans += v
 			case "bulwark_repo_root_checks_total":
 				out.checks += v
+			case `bulwark_repo_hints_total{outcome="applied"}`:
+				out.hinted += v
 			}
 		}
 		resp.Body.Close()
@@ -164,5 +178,5 @@ func (c *cluster) counters() counters {
 }
 
 func (a counters) minus(b counters) counters {
-	return counters{commits: a.commits - b.commits, stale: a.stale - b.stale, refreshes: a.refreshes - b.refreshes, plans: a.plans - b.plans, checks: a.checks - b.checks}
+	return counters{commits: a.commits - b.commits, stale: a.stale - b.stale, refreshes: a.refreshes - b.refreshes, plans: a.plans - b.plans, checks: a.checks - b.checks, hinted: a.hinted - b.hinted}
 }

@@ -126,12 +126,23 @@ func (c *cluster) setup(ctx context.Context) error {
 	c.logf("SeaweedFS S3 gateway :%d, bucket %s", c.port(portS3), s3Bucket)
 	for i := range 3 {
 		n := c.newNode(i)
+		if c.o.nodeCPU > 0 {
+			g, err := newCPUCgroup(fmt.Sprintf("bulwark-cluster-%d-%s", c.o.basePort, n.name), c.o.nodeCPU)
+			if err != nil {
+				return fmt.Errorf("--node-cpu: %w", err)
+			}
+			c.cgroups = append(c.cgroups, g)
+			n.cpu = g
+		}
 		c.nodes = append(c.nodes, n)
 		if err := c.startNode(n, c.multiHostURL()); err != nil {
 			return err
 		}
 	}
 	c.logf("three nodes on one database: %s", c.multiHostURL())
+	if c.o.nodeCPU > 0 {
+		c.logf("each node limited to %.2f of a core (its own cgroup)", c.o.nodeCPU)
+	}
 	if err := c.startHAProxy(c.nodes); err != nil {
 		return err
 	}
@@ -196,6 +207,9 @@ func (c *cluster) throughput(ctx context.Context, accts []*account, log *ackLog)
 			}
 			c.figure("%s: %d writes from %d clients in %.1f s = %.0f writes/s; rebuilt %.1f%% (caught up %.0f), failed %d; %s",
 				name, c.o.writes, c.o.clients, took.Seconds(), float64(c.o.writes)/took.Seconds(), redo, cost.refreshes, failed, cost)
+			if c.o.hints && k.port == portHAProxy && cost.hinted == 0 {
+				c.fail("%s: no node caught a cached tree up from another node's commit hint", name)
+			}
 		}
 	}
 }

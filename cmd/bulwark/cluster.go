@@ -11,6 +11,8 @@ import (
 
 	"github.com/bulwark-pds/bulwark/cluster"
 	"github.com/bulwark-pds/bulwark/config"
+	"github.com/bulwark-pds/bulwark/internal/keyring"
+	"github.com/bulwark-pds/bulwark/repo"
 )
 
 // Lease names of the singleton jobs: one node of the cluster runs each.
@@ -162,4 +164,25 @@ func blobStoreFact(cfg *config.Config) string {
 		host, _ := os.Hostname()
 		return fmt.Sprintf("directory %s on host %s (not shared)", cfg.BlobDir, host)
 	}
+}
+
+// hints starts the node's commit hints when --cluster-hint-addr is set:
+// engine's commits are told to the other nodes, theirs to engine.
+func (r *clusterRole) hints(ctx context.Context, cfg *config.Config, engine *repo.Engine, logger *slog.Logger) ([]service, error) {
+	if cfg.ClusterHintAddr == "" || r.node == nil {
+		return nil, nil
+	}
+	ring, err := keyring.New([]byte(cfg.JWTSecret))
+	if err != nil {
+		return nil, err
+	}
+	h, err := cluster.ListenHints(ctx, r.node, cluster.HintConfig{
+		Addr: cfg.ClusterHintAddr, Key: ring.Key(keyring.ClusterHint), Handle: engine.ReceiveHint, Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	engine.SetHintSender(h)
+	logger.Info("commit hints on", "addr", cfg.ClusterHintAddr, "peers", h.Peers())
+	return []service{{name: "cluster hints", run: h.Run}}, nil
 }

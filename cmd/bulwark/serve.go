@@ -226,6 +226,11 @@ func assembleServer(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 		return nil, nil, nil, err
 	}
 	role.useClock(engine.SetClockID)
+	hintServices, err := role.hints(ctx, cfg, engine, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	services = append(services, hintServices...)
 	services = append(services, service{name: "mailer", run: accounts.Mail().Run})
 	opts := pds.Options{Config: cfg, DB: pool, Logger: logger, Version: Version(), Accounts: accounts, Repo: engine, Blobs: blobs, Firehose: hub, Budget: protect.budget, Limits: protect.limits}
 	// One client for every URL a user influences, so one guard and one

@@ -62,11 +62,14 @@ var (
 	OAuthCSRF = Purpose{"bulwark oauth csrf"}
 	// OAuthDPoPNonce is the key of the DPoP nonces.
 	OAuthDPoPNonce = Purpose{"bulwark oauth dpop nonce"}
+	// ClusterHint is the key of the commit hints nodes send each other
+	// (cluster/hints.go).
+	ClusterHint = Purpose{"bulwark cluster commit hint"}
 )
 
 // Purposes lists every purpose, for tests that check they are distinct.
 func Purposes() []Purpose {
-	return []Purpose{ConsoleSession, ConsoleLogin, ConsoleSessionCSRF, ConsoleLoginCSRF, OAuthAccessToken, OAuthCSRF, OAuthDPoPNonce}
+	return []Purpose{ConsoleSession, ConsoleLogin, ConsoleSessionCSRF, ConsoleLoginCSRF, OAuthAccessToken, OAuthCSRF, OAuthDPoPNonce, ClusterHint}
 }
 
 // Ring derives keys from one secret. Immutable; safe for concurrent use.

@@ -1,0 +1,291 @@
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bulwark-pds/bulwark/db"
+	"github.com/bulwark-pds/bulwark/metrics"
+)
+
+// Hints are short datagrams a node sends the other nodes after each
+// commit, over UDP, so that their cached trees of the repository follow
+// without asking the database first (repo/hints.go says what a hint holds
+// and how it is used). They are only hints: a node that misses one, or
+// gets a wrong one, learns the truth from the database when its next
+// commit is refused, as it would with no hints at all; so a hint is sent
+// once, never acknowledged, and lost ones are not noticed.
+//
+// Each datagram is authenticated: HMAC-SHA256 with a key of its own
+// purpose derived from the shared JWT secret (every node has the same,
+// which Join checks), over the payload and the time it was sent. A
+// datagram is read only from an address some running node advertises
+// (cluster_nodes.hint_addr), within MaxHintAge of being sent, with a
+// valid tag; anything else is dropped before its payload is looked at,
+// and counted.
+
+const (
+	// MaxHintPayload bounds a hint's payload: one datagram that fits a
+	// common 1,500-byte MTU with its header and tag, so it is never
+	// fragmented. A larger commit is hinted without its operations.
+	MaxHintPayload = 1400
+	// MaxHintAge is how old a datagram may be when it is read (the
+	// nodes' clocks must agree within it, as NTP keeps them).
+	MaxHintAge = 10 * time.Second
+	// hintPeersEvery is how often the peers are read from the database.
+	hintPeersEvery = 2 * time.Second
+	hintMagic      = "BWH1"
+	hintHeader     = len(hintMagic) + 8
+	hintTag        = sha256.Size
+	// hintBuffer is the read buffer, larger than any datagram accepted, so
+	// a longer one is read whole and refused.
+	hintBuffer = 64 << 10
+)
+
+// HintStats counts datagrams (also in metrics.ClusterHintDatagrams).
+type HintStats struct {
+	Sent, Received, Refused atomic.Int64
+}
+
+func (s *HintStats) count(n *atomic.Int64, outcome string) {
+	n.Add(1)
+	metrics.ClusterHintDatagrams.WithLabelValues(outcome).Inc()
+}
+
+// HintConfig configures a node's hints.
+type HintConfig struct {
+	// Addr is the UDP host:port the node reads hints on and advertises
+	// to the others; it must be reachable from every node (a private
+	// address: the port needs no exposure beyond the cluster).
+	Addr string
+	// Key authenticates the datagrams (the same on every node).
+	Key []byte
+	// Handle is called with each authenticated payload, on the reading
+	// goroutine or a Poll caller's: it must not block, and must be safe
+	// for concurrent use.
+	Handle func(payload []byte)
+	Logger *slog.Logger
+}
+
+// Hints sends and reads the hints of one node.
+type Hints struct {
+	cfg   HintConfig
+	node  *Node
+	conn  *net.UDPConn
+	log   *slog.Logger
+	Stats HintStats
+
+	// peers are the other nodes' advertised addresses.
+	peers atomic.Pointer[[]netip.AddrPort]
+	// sendMu serialises sends' use of buf.
+	sendMu sync.Mutex
+	buf    []byte
+	poll   pollFD
+}
+
+// ListenHints opens cfg.Addr for node n, records it as n's advertised
+// address (a port 0 is the one the system picks) and returns the node's
+// hints; call Run to read them and keep
+// the peers current.
+func ListenHints(ctx context.Context, n *Node, cfg HintConfig) (*Hints, error) {
+	if len(cfg.Key) < 32 {
+		return nil, errors.New("cluster hints: key shorter than 32 bytes")
+	}
+	ap, err := netip.ParseAddrPort(cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster hints: address %q: want ip:port (%v)", cfg.Addr, err)
+	}
+	if ap.Addr().IsUnspecified() {
+		return nil, fmt.Errorf("cluster hints: address %q: the other nodes send to it, so it needs this node's own IP", cfg.Addr)
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
+	if err != nil {
+		return nil, fmt.Errorf("cluster hints: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	h := &Hints{cfg: cfg, node: n, conn: conn, log: cfg.Logger.With("component", "cluster-hints"),
+		buf: make([]byte, 0, hintHeader+MaxHintPayload+hintTag)}
+	h.peers.Store(&[]netip.AddrPort{})
+	if err := h.openPollFD(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("cluster hints: %w", err)
+	}
+	// Port 0 (tests) is the port the system chose.
+	ap = conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	if _, err := n.pool.Exec(ctx, qSetHintAddr, int(n.ClockID()), n.cfg.ID, ap.String()); err != nil {
+		h.close()
+		return nil, fmt.Errorf("cluster hints: advertising %s: %w", ap, db.Translate(err))
+	}
+	if err := h.refreshPeers(ctx); err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// close closes the socket and Poll's descriptor.
+func (h *Hints) close() {
+	h.conn.Close()
+	h.closePollFD()
+}
+
+// Send sends payload to every other running node. A payload larger than
+// MaxHintPayload is a programming error and is not sent.
+func (h *Hints) Send(payload []byte) {
+	if len(payload) > MaxHintPayload {
+		return
+	}
+	peers := *h.peers.Load()
+	if len(peers) == 0 {
+		return
+	}
+	h.sendMu.Lock()
+	defer h.sendMu.Unlock()
+	msg := sealHint(h.buf[:0], h.cfg.Key, time.Now(), payload)
+	for _, p := range peers {
+		// A full socket buffer or an unreachable peer loses the hint,
+		// which is allowed.
+		if _, err := h.conn.WriteToUDPAddrPort(msg, p); err == nil {
+			h.Stats.count(&h.Stats.Sent, "sent")
+		}
+	}
+}
+
+// Run reads hints and refreshes the peers until ctx ends; it closes the
+// socket then.
+func (h *Hints) Run(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		h.close()
+	}()
+	go func() {
+		t := time.NewTicker(hintPeersEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := h.refreshPeers(ctx); err != nil && ctx.Err() == nil {
+				h.log.Debug("reading the hint peers", "err", err)
+			}
+		}
+	}()
+	buf := make([]byte, hintBuffer)
+	for {
+		n, from, err := h.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			continue
+		}
+		h.handle(from, buf[:n])
+	}
+}
+
+// handle checks one datagram and hands its payload on.
+func (h *Hints) handle(from netip.AddrPort, msg []byte) {
+	payload, ok := h.open(from, msg, time.Now())
+	if !ok {
+		h.Stats.count(&h.Stats.Refused, "refused")
+		return
+	}
+	h.Stats.count(&h.Stats.Received, "received")
+	if h.cfg.Handle != nil {
+		h.cfg.Handle(payload)
+	}
+}
+
+// open checks a datagram from from and returns its payload.
+func (h *Hints) open(from netip.AddrPort, msg []byte, now time.Time) ([]byte, bool) {
+	if !h.isPeer(from.Addr()) {
+		return nil, false
+	}
+	return openHint(h.cfg.Key, msg, now)
+}
+
+// isPeer reports whether addr is a running node's advertised address.
+func (h *Hints) isPeer(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	for _, p := range *h.peers.Load() {
+		if p.Addr().Unmap() == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshPeers reads the other running nodes' addresses.
+func (h *Hints) refreshPeers(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, hintPeersEvery)
+	defer cancel()
+	rows, err := h.node.pool.Query(ctx, qHintPeers, int(h.node.ClockID()), liveWindow.Seconds())
+	if err != nil {
+		return fmt.Errorf("cluster hints: reading peers: %w", db.Translate(err))
+	}
+	defer rows.Close()
+	peers := []netip.AddrPort{}
+	self := h.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return fmt.Errorf("cluster hints: reading peers: %w", db.Translate(err))
+		}
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil || ap == self {
+			continue
+		}
+		peers = append(peers, ap)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("cluster hints: reading peers: %w", db.Translate(err))
+	}
+	h.peers.Store(&peers)
+	return nil
+}
+
+// Peers is how many other nodes hints are sent to.
+func (h *Hints) Peers() int { return len(*h.peers.Load()) }
+
+// sealHint appends to dst the datagram of payload sent at now: the magic,
+// the time in Unix milliseconds, the payload and the tag over all three.
+func sealHint(dst, key []byte, now time.Time, payload []byte) []byte {
+	dst = append(dst, hintMagic...)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(now.UnixMilli()))
+	dst = append(dst, payload...)
+	m := hmac.New(sha256.New, key)
+	m.Write(dst)
+	return m.Sum(dst)
+}
+
+// openHint checks a datagram's magic, tag and age and returns its payload.
+func openHint(key, msg []byte, now time.Time) ([]byte, bool) {
+	if len(msg) < hintHeader+hintTag || len(msg) > hintHeader+MaxHintPayload+hintTag || string(msg[:len(hintMagic)]) != hintMagic {
+		return nil, false
+	}
+	body, tag := msg[:len(msg)-hintTag], msg[len(msg)-hintTag:]
+	m := hmac.New(sha256.New, key)
+	m.Write(body)
+	if !hmac.Equal(m.Sum(nil), tag) {
+		return nil, false
+	}
+	sent := time.UnixMilli(int64(binary.BigEndian.Uint64(msg[len(hintMagic):hintHeader])))
+	if age := now.Sub(sent); age > MaxHintAge || age < -MaxHintAge {
+		return nil, false
+	}
+	return body[hintHeader:], true
+}

@@ -1,0 +1,81 @@
+package cluster
+
+import (
+	"net/netip"
+	"sync"
+	"syscall"
+)
+
+// pollBufs are Poll's read buffers.
+var pollBufs = sync.Pool{New: func() any { b := make([]byte, hintBuffer); return &b }}
+
+// pollFD is a duplicate of the socket's descriptor for Poll: reads through
+// the net package wait in turn (the reading goroutine holds its turn while
+// it waits), so Poll reads with system calls of its own, which never wait
+// (MSG_DONTWAIT). mu keeps the descriptor open while a Poll uses it.
+type pollFD struct {
+	mu sync.RWMutex
+	fd int // -1 once closed
+}
+
+// openPollFD duplicates h's socket descriptor.
+func (h *Hints) openPollFD() error {
+	raw, err := h.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var dupErr error
+	err = raw.Control(func(fd uintptr) {
+		h.poll.fd, dupErr = syscall.Dup(int(fd))
+	})
+	if err != nil {
+		return err
+	}
+	if dupErr != nil {
+		h.poll.fd = -1
+	}
+	syscall.CloseOnExec(h.poll.fd)
+	return dupErr
+}
+
+// closePollFD closes the duplicate, once no Poll uses it.
+func (h *Hints) closePollFD() {
+	h.poll.mu.Lock()
+	defer h.poll.mu.Unlock()
+	if h.poll.fd >= 0 {
+		_ = syscall.Close(h.poll.fd)
+		h.poll.fd = -1
+	}
+}
+
+// Poll reads the hints already waiting on the socket, without waiting for
+// more, and hands them on before it returns. A writer calls it just
+// before it looks at its hints: a hint sent before the client was
+// answered has then reached this host before the client's next request
+// did, but the reading goroutine may not have run yet on a busy machine.
+func (h *Hints) Poll() {
+	h.poll.mu.RLock()
+	defer h.poll.mu.RUnlock()
+	if h.poll.fd < 0 {
+		return
+	}
+	bp := pollBufs.Get().(*[]byte)
+	defer pollBufs.Put(bp)
+	buf := *bp
+	for range 64 {
+		n, from, err := syscall.Recvfrom(h.poll.fd, buf, syscall.MSG_DONTWAIT)
+		if err != nil {
+			return
+		}
+		var ap netip.AddrPort
+		switch sa := from.(type) {
+		case *syscall.SockaddrInet4:
+			ap = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+		case *syscall.SockaddrInet6:
+			ap = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+		default:
+			continue
+		}
+		h.handle(ap, buf[:n])
+	}
+}

@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/db/dbtest"
+)
+
+// hintNode is a joined node with its hints running; got receives what
+// its handler is given.
+type hintNode struct {
+	node  *Node
+	hints *Hints
+	got   chan []byte
+}
+
+func startHintNode(t *testing.T, ctx context.Context, n *Node, key []byte) *hintNode {
+	t.Helper()
+	hn := &hintNode{node: n, got: make(chan []byte, 16)}
+	h, err := ListenHints(ctx, n, HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func(p []byte) {
+		hn.got <- append([]byte(nil), p...)
+	}})
+	require.NoError(t, err)
+	hn.hints = h
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return hn
+}
+
+func (hn *hintNode) addr() netip.AddrPort { return hn.hints.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// waitRefused waits until hn has refused want datagrams in all.
+func (hn *hintNode) waitRefused(t *testing.T, want int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return hn.hints.Stats.Refused.Load() >= want }, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, want, hn.hints.Stats.Refused.Load())
+}
+
+// TestHintsReachPeersOnly: a hint one node sends reaches the other
+// running nodes' handlers, and nothing else does: not a datagram from an
+// address no running node advertises (even with a good tag), one with a
+// bad tag, one with another key, nor one sent too long ago. A stopped
+// node is no longer sent to.
+func TestHintsReachPeersOnly(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pool := dbtest.New(t)
+	key := bytes.Repeat([]byte{7}, 32)
+	join := func(id string) *Node {
+		n, err := Join(ctx, pool, NodeConfig{ID: id, Facts: secretFacts("jwt", "s3")})
+		require.NoError(t, err)
+		return n
+	}
+	a := startHintNode(t, ctx, join("a"), key)
+	b := startHintNode(t, ctx, join("b"), key)
+	// a joined before b: it learns of b at its next refresh.
+	require.NoError(t, a.hints.refreshPeers(ctx))
+	require.Equal(t, 1, a.hints.Peers())
+	require.Equal(t, 1, b.hints.Peers())
+	// Poll does not wait behind the reading goroutine's wait.
+	pollDone := make(chan struct{})
+	go func() { b.hints.Poll(); close(pollDone) }()
+	select {
+	case <-pollDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Poll waited for a datagram")
+	}
+
+	a.hints.Send([]byte("commit one"))
+	select {
+	case got := <-b.got:
+		require.Equal(t, "commit one", string(got))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hint did not arrive")
+	}
+
+	// A stranger with the right key, from an address no node advertises.
+	stranger, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	require.NoError(t, err)
+	defer stranger.Close()
+	_, err = stranger.WriteToUDPAddrPort(sealHint(nil, key, time.Now(), []byte("forged")), b.addr())
+	require.NoError(t, err)
+	b.waitRefused(t, 1)
+
+	// From a's own socket: a bad tag, another key, too old, too long.
+	good := sealHint(nil, key, time.Now(), []byte("x"))
+	badTag := append([]byte(nil), good...)
+	badTag[len(badTag)-1] ^= 1
+	for i, msg := range [][]byte{
+		badTag,
+		sealHint(nil, bytes.Repeat([]byte{8}, 32), time.Now(), []byte("other key")),
+		sealHint(nil, key, time.Now().Add(-2*MaxHintAge), []byte("old")),
+		sealHint(nil, key, time.Now(), make([]byte, MaxHintPayload+1)),
+		good[:10],
+	} {
+		_, err := a.hints.conn.WriteToUDPAddrPort(msg, b.addr())
+		require.NoError(t, err)
+		b.waitRefused(t, int64(2+i))
+	}
+	select {
+	case got := <-b.got:
+		t.Fatalf("a refused datagram reached the handler: %q", got)
+	default:
+	}
+
+	// b stops: a stops sending to it.
+	b.node.leave()
+	require.NoError(t, a.hints.refreshPeers(ctx))
+	require.Zero(t, a.hints.Peers())
+}
+
+// TestHintSealOpen: a sealed hint opens to its payload with the key it
+// was sealed with, within MaxHintAge, and not otherwise.
+func TestHintSealOpen(t *testing.T) {
+	t.Parallel()
+	key := bytes.Repeat([]byte{1}, 32)
+	now := time.Now()
+	msg := sealHint(nil, key, now, []byte("payload"))
+	p, ok := openHint(key, msg, now.Add(time.Second))
+	require.True(t, ok)
+	require.Equal(t, "payload", string(p))
+	_, ok = openHint(key, msg, now.Add(MaxHintAge+time.Second))
+	require.False(t, ok, "too old")
+	_, ok = openHint(key, msg, now.Add(-MaxHintAge-time.Second))
+	require.False(t, ok, "from the future")
+	_, ok = openHint(bytes.Repeat([]byte{2}, 32), msg, now)
+	require.False(t, ok, "another key")
+	for i := range msg {
+		bad := append([]byte(nil), msg...)
+		bad[i] ^= 0x40
+		_, ok := openHint(key, bad, now)
+		require.False(t, ok, "byte %d changed", i)
+	}
+}
+
+// TestHintsPollReadsWaiting: Poll hands on every hint already waiting on
+// the socket before it returns, with no reading goroutine running, and
+// returns at once when none waits.
+func TestHintsPollReadsWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	key := bytes.Repeat([]byte{9}, 32)
+	join := func(id string) *Node {
+		n, err := Join(ctx, pool, NodeConfig{ID: id, Facts: secretFacts("jwt", "s3")})
+		require.NoError(t, err)
+		return n
+	}
+	var got []string
+	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
+	require.NoError(t, err)
+	defer a.close()
+	b, err := ListenHints(ctx, join("b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func(p []byte) { got = append(got, string(p)) }})
+	require.NoError(t, err)
+	defer b.close()
+	require.NoError(t, a.refreshPeers(ctx))
+	b.Poll()
+	require.Empty(t, got)
+	for _, p := range []string{"one", "two", "three"} {
+		a.Send([]byte(p))
+	}
+	// Loopback queues a datagram on the receiving socket within sendto.
+	b.Poll()
+	require.Equal(t, []string{"one", "two", "three"}, got)
+	require.Equal(t, int64(3), b.Stats.Received.Load())
+}
