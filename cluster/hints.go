@@ -42,11 +42,14 @@ const (
 	// MaxHintAge is how old a datagram may be when it is read (the
 	// nodes' clocks must agree within it, as NTP keeps them).
 	MaxHintAge = 10 * time.Second
-	// hintPeersEvery is how often the peers are read from the database.
-	hintPeersEvery = 2 * time.Second
-	hintMagic      = "BWH1"
-	hintHeader     = len(hintMagic) + 8
-	hintTag        = sha256.Size
+	// hintPeersEvery is how often the peers are read from the database,
+	// and hintPeersSoonest how soon again when a datagram comes from an
+	// address not among them (a node that has just started).
+	hintPeersEvery   = 2 * time.Second
+	hintPeersSoonest = 500 * time.Millisecond
+	hintMagic        = "BWH1"
+	hintHeader       = len(hintMagic) + 8
+	hintTag          = sha256.Size
 	// hintBuffer is the read buffer, larger than any datagram accepted, so
 	// a longer one is read whole and refused.
 	hintBuffer = 64 << 10
@@ -57,6 +60,7 @@ type HintStats struct {
 	Sent, Received, Refused atomic.Int64
 }
 
+// count adds one to n and to the metric's outcome.
 func (s *HintStats) count(n *atomic.Int64, outcome string) {
 	n.Add(1)
 	metrics.ClusterHintDatagrams.WithLabelValues(outcome).Inc()
@@ -87,6 +91,10 @@ type Hints struct {
 
 	// peers are the other nodes' advertised addresses.
 	peers atomic.Pointer[[]netip.AddrPort]
+	// unknown asks the peer refresher to read the peers now.
+	unknown chan struct{}
+	// staleWarned is set once a stale datagram has been logged.
+	staleWarned atomic.Bool
 	// sendMu serialises sends' use of buf.
 	sendMu sync.Mutex
 	buf    []byte
@@ -115,7 +123,7 @@ func ListenHints(ctx context.Context, n *Node, cfg HintConfig) (*Hints, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Hints{cfg: cfg, node: n, conn: conn, log: cfg.Logger.With("component", "cluster-hints"),
+	h := &Hints{cfg: cfg, node: n, conn: conn, log: cfg.Logger.With("component", "cluster-hints"), unknown: make(chan struct{}, 1),
 		buf: make([]byte, 0, hintHeader+MaxHintPayload+hintTag)}
 	h.peers.Store(&[]netip.AddrPort{})
 	if err := h.openPollFD(); err != nil {
@@ -125,18 +133,18 @@ func ListenHints(ctx context.Context, n *Node, cfg HintConfig) (*Hints, error) {
 	// Port 0 (tests) is the port the system chose.
 	ap = conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	if _, err := n.pool.Exec(ctx, qSetHintAddr, int(n.ClockID()), n.cfg.ID, ap.String()); err != nil {
-		h.close()
+		h.Close()
 		return nil, fmt.Errorf("cluster hints: advertising %s: %w", ap, db.Translate(err))
 	}
 	if err := h.refreshPeers(ctx); err != nil {
-		h.close()
+		h.Close()
 		return nil, err
 	}
 	return h, nil
 }
 
-// close closes the socket and Poll's descriptor.
-func (h *Hints) close() {
+// Close closes the socket and Poll's descriptor (Run does when it ends).
+func (h *Hints) Close() {
 	h.conn.Close()
 	h.closePollFD()
 }
@@ -168,7 +176,7 @@ func (h *Hints) Send(payload []byte) {
 func (h *Hints) Run(ctx context.Context) error {
 	go func() {
 		<-ctx.Done()
-		h.close()
+		h.Close()
 	}()
 	go func() {
 		t := time.NewTicker(hintPeersEvery)
@@ -178,9 +186,17 @@ func (h *Hints) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			case <-h.unknown:
 			}
 			if err := h.refreshPeers(ctx); err != nil && ctx.Err() == nil {
 				h.log.Debug("reading the hint peers", "err", err)
+			}
+			// However many datagrams from strangers arrive, the peers
+			// are read at most this often.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(hintPeersSoonest):
 			}
 		}
 	}()
@@ -191,6 +207,8 @@ func (h *Hints) Run(ctx context.Context) error {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
+			// Not expected of a UDP socket; do not spin on it.
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		h.handle(from, buf[:n])
@@ -199,9 +217,14 @@ func (h *Hints) Run(ctx context.Context) error {
 
 // handle checks one datagram and hands its payload on.
 func (h *Hints) handle(from netip.AddrPort, msg []byte) {
-	payload, ok := h.open(from, msg, time.Now())
-	if !ok {
-		h.Stats.count(&h.Stats.Refused, "refused")
+	payload, why := h.open(from, msg, time.Now())
+	if why != "" {
+		h.Stats.count(&h.Stats.Refused, why)
+		if why == refusedStale && h.staleWarned.CompareAndSwap(false, true) {
+			// Once per process: a valid datagram from a running node,
+			// but too old or too new. Hints are lost while it lasts.
+			h.log.Warn("a node's commit hints arrive outside the 10 s window: are the nodes' clocks in sync (NTP)?", "from", from)
+		}
 		return
 	}
 	h.Stats.count(&h.Stats.Received, "received")
@@ -210,10 +233,24 @@ func (h *Hints) handle(from netip.AddrPort, msg []byte) {
 	}
 }
 
-// open checks a datagram from from and returns its payload.
-func (h *Hints) open(from netip.AddrPort, msg []byte, now time.Time) ([]byte, bool) {
+// Why a datagram was refused (the outcome label of
+// metrics.ClusterHintDatagrams).
+const (
+	refusedNotPeer = "not_peer" // not from a running node's address
+	refusedBadTag  = "bad_tag"  // malformed, or not tagged with the key
+	refusedStale   = "stale"    // tagged, but sent outside MaxHintAge
+)
+
+// open checks a datagram from from and returns its payload, or why it is
+// refused.
+func (h *Hints) open(from netip.AddrPort, msg []byte, now time.Time) ([]byte, string) {
 	if !h.isPeer(from.Addr()) {
-		return nil, false
+		// Perhaps a node that started since the peers were read.
+		select {
+		case h.unknown <- struct{}{}:
+		default:
+		}
+		return nil, refusedNotPeer
 	}
 	return openHint(h.cfg.Key, msg, now)
 }
@@ -272,20 +309,21 @@ func sealHint(dst, key []byte, now time.Time, payload []byte) []byte {
 	return m.Sum(dst)
 }
 
-// openHint checks a datagram's magic, tag and age and returns its payload.
-func openHint(key, msg []byte, now time.Time) ([]byte, bool) {
+// openHint checks a datagram's magic, tag and age and returns its payload,
+// or why it is refused.
+func openHint(key, msg []byte, now time.Time) ([]byte, string) {
 	if len(msg) < hintHeader+hintTag || len(msg) > hintHeader+MaxHintPayload+hintTag || string(msg[:len(hintMagic)]) != hintMagic {
-		return nil, false
+		return nil, refusedBadTag
 	}
 	body, tag := msg[:len(msg)-hintTag], msg[len(msg)-hintTag:]
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
 	if !hmac.Equal(m.Sum(nil), tag) {
-		return nil, false
+		return nil, refusedBadTag
 	}
 	sent := time.UnixMilli(int64(binary.BigEndian.Uint64(msg[len(hintMagic):hintHeader])))
 	if age := now.Sub(sent); age > MaxHintAge || age < -MaxHintAge {
-		return nil, false
+		return nil, refusedStale
 	}
-	return body[hintHeader:], true
+	return body[hintHeader:], ""
 }

@@ -25,6 +25,7 @@ func (h *Hints) openPollFD() error {
 		return err
 	}
 	var dupErr error
+	h.poll.fd = -1
 	err = raw.Control(func(fd uintptr) {
 		h.poll.fd, dupErr = syscall.Dup(int(fd))
 	})
@@ -33,9 +34,10 @@ func (h *Hints) openPollFD() error {
 	}
 	if dupErr != nil {
 		h.poll.fd = -1
+		return dupErr
 	}
 	syscall.CloseOnExec(h.poll.fd)
-	return dupErr
+	return nil
 }
 
 // closePollFD closes the duplicate, once no Poll uses it.

@@ -114,7 +114,7 @@ func TestHintsReachPeersOnly(t *testing.T) {
 	}
 
 	// b stops: a stops sending to it.
-	b.node.leave()
+	b.node.Leave()
 	require.NoError(t, a.hints.refreshPeers(ctx))
 	require.Zero(t, a.hints.Peers())
 }
@@ -126,20 +126,20 @@ func TestHintSealOpen(t *testing.T) {
 	key := bytes.Repeat([]byte{1}, 32)
 	now := time.Now()
 	msg := sealHint(nil, key, now, []byte("payload"))
-	p, ok := openHint(key, msg, now.Add(time.Second))
-	require.True(t, ok)
+	p, why := openHint(key, msg, now.Add(time.Second))
+	require.Empty(t, why)
 	require.Equal(t, "payload", string(p))
-	_, ok = openHint(key, msg, now.Add(MaxHintAge+time.Second))
-	require.False(t, ok, "too old")
-	_, ok = openHint(key, msg, now.Add(-MaxHintAge-time.Second))
-	require.False(t, ok, "from the future")
-	_, ok = openHint(bytes.Repeat([]byte{2}, 32), msg, now)
-	require.False(t, ok, "another key")
+	_, why = openHint(key, msg, now.Add(MaxHintAge+time.Second))
+	require.Equal(t, refusedStale, why, "too old")
+	_, why = openHint(key, msg, now.Add(-MaxHintAge-time.Second))
+	require.Equal(t, refusedStale, why, "from the future")
+	_, why = openHint(bytes.Repeat([]byte{2}, 32), msg, now)
+	require.Equal(t, refusedBadTag, why, "another key")
 	for i := range msg {
 		bad := append([]byte(nil), msg...)
 		bad[i] ^= 0x40
-		_, ok := openHint(key, bad, now)
-		require.False(t, ok, "byte %d changed", i)
+		_, why := openHint(key, bad, now)
+		require.Equal(t, refusedBadTag, why, "byte %d changed", i)
 	}
 }
 
@@ -159,10 +159,10 @@ func TestHintsPollReadsWaiting(t *testing.T) {
 	var got []string
 	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
 	require.NoError(t, err)
-	defer a.close()
+	defer a.Close()
 	b, err := ListenHints(ctx, join("b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func(p []byte) { got = append(got, string(p)) }})
 	require.NoError(t, err)
-	defer b.close()
+	defer b.Close()
 	require.NoError(t, a.refreshPeers(ctx))
 	b.Poll()
 	require.Empty(t, got)

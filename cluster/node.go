@@ -158,7 +158,7 @@ func (n *Node) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			n.leave()
+			n.Leave()
 			return nil
 		case <-t.C:
 		}
@@ -202,8 +202,9 @@ func (n *Node) beat(ctx context.Context) error {
 	return nil
 }
 
-// leave marks the node stopped, so that it no longer counts as running.
-func (n *Node) leave() {
+// Leave marks the node stopped, so that it no longer counts as running
+// (Run does when it ends; a node whose start fails before Run does it).
+func (n *Node) Leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := n.pool.Exec(ctx, qNodeStopped, int(n.ClockID()), n.cfg.ID); err != nil {

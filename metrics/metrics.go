@@ -147,20 +147,23 @@ var (
 		Help: "Reads of a repository's root before a commit to it is worked out, while other nodes are writing to it.",
 	})
 	// RepoHints counts other nodes' commit hints by outcome: kept (of a
-	// repository this node caches), uncached (ignored), malformed,
+	// repository this node caches), uncached, old (of a commit the cached
+	// tree has) and duplicate (ignored), malformed,
 	// applied (a cached tree brought up to another node's commit) and
 	// dropped (a repository other nodes write to while this one does
 	// not: its cached tree is let go).
 	RepoHints = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "repo", Name: "hints_total",
-		Help: "Other nodes' commit hints by outcome: kept, uncached, malformed, applied (a cached tree caught up without a database read), dropped (a tree written elsewhere let go).",
+		Help: "Other nodes' commit hints by outcome: kept, uncached, old, duplicate, malformed, applied (a cached tree caught up without a database read), dropped (a tree written elsewhere let go).",
 	}, []string{"outcome"})
 	// ClusterHintDatagrams counts the commit hints a node sent and read
-	// (cluster/hints.go); refused are datagrams dropped unread: not from
-	// a running node's advertised address, too old, or with a bad tag.
+	// (cluster/hints.go), and the datagrams dropped unread: not_peer (not
+	// from a running node's advertised address), bad_tag (malformed or
+	// not tagged with the cluster's key), stale (sent more than 10 s
+	// before or after this node's clock).
 	ClusterHintDatagrams = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Subsystem: "cluster", Name: "hint_datagrams_total",
-		Help: "Commit hint datagrams by outcome: sent (one per peer), received, refused (unknown sender, too old or a bad tag).",
+		Help: "Commit hint datagrams by outcome: sent (one per peer), received, and dropped unread: not_peer, bad_tag, stale (clocks out of sync).",
 	}, []string{"outcome"})
 	// EventLogLastSeq is the highest seq the sequencer has assigned.
 	EventLogLastSeq = prometheus.NewGauge(prometheus.GaugeOpts{

@@ -89,10 +89,19 @@ func (c *treeCache) remove(el *list.Element) {
 
 // has reports whether did's state is cached.
 func (c *treeCache) has(did string) bool {
+	_, ok := c.revOf(did)
+	return ok
+}
+
+// revOf is the rev of did's cached state, if there is one.
+func (c *treeCache) revOf(did string) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.byDID[did]
-	return ok
+	el, ok := c.byDID[did]
+	if !ok {
+		return "", false
+	}
+	return el.Value.(*repoState).rev, true
 }
 
 // drop forgets did's state, if cached.

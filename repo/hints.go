@@ -1,6 +1,7 @@
 package repo
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/ipfs/go-cid"
 )
 
@@ -53,6 +55,9 @@ const (
 	maxHintsPerRepo = 8
 	// hintTTL is how long a hint is kept unused.
 	hintTTL = time.Minute
+	// maxHintOps bounds a hint's operations; a commit with more is
+	// hinted without them.
+	maxHintOps = 32
 )
 
 // hint is one commit another node made.
@@ -82,20 +87,33 @@ func (e *Engine) SetHintSender(s HintSender) {
 }
 
 // ReceiveHint keeps another node's hint, if this node caches the
-// repository it is about (or is writing to it now). It does not block.
+// repository it is about (or is writing to it now) and has neither the
+// hint's commit nor the hint already. It does not block.
 func (e *Engine) ReceiveHint(payload []byte) {
 	did, h, err := decodeHint(payload)
 	if err != nil {
 		e.counters.hints.WithLabelValues("malformed").Inc()
 		return
 	}
-	if !e.cache.has(did) && !e.isWriting(did) {
+	rev, cached := e.cache.revOf(did)
+	if !cached && !e.isWriting(did) {
 		e.counters.hints.WithLabelValues("uncached").Inc()
+		return
+	}
+	if cached && h.rev <= rev {
+		// Of a commit the cached tree has (a datagram sent again).
+		e.counters.hints.WithLabelValues("old").Inc()
 		return
 	}
 	h.at = time.Now()
 	e.hints.mu.Lock()
 	defer e.hints.mu.Unlock()
+	for _, k := range e.hints.byDID[did] {
+		if k.commit.Equals(h.commit) {
+			e.counters.hints.WithLabelValues("duplicate").Inc()
+			return
+		}
+	}
 	if e.hints.byDID == nil || len(e.hints.byDID) >= maxHintedRepos {
 		// Crude but bounded: the hints of repositories not written to
 		// since are the ones lost; a node has few in flight.
@@ -212,28 +230,30 @@ func (e *Engine) sendHint(did string, res *CommitResult) {
 	(*p).Send(payload)
 }
 
-// movedFrom is what a stored commit changed, for its hint.
+// movedFrom is what a stored commit changed, for its hint: the commit it
+// followed, its signed commit block, and its operations.
 type movedFrom struct {
-	prev, data cid.Cid
-	ops        []*comatproto.SyncSubscribeRepos_RepoOp
+	prev        cid.Cid
+	commitBlock []byte
+	ops         []*comatproto.SyncSubscribeRepos_RepoOp
 }
 
 // encodeHint is a hint's payload: a version and flags byte each, then
-// length-prefixed (uvarint) the DID, the previous commit CID, the commit
-// CID, the MST root CID and the rev, then (unless noOps) the operation
-// count and each operation's path and record CID (empty for a delete).
+// length-prefixed (uvarint) the DID, the previous commit's CID and the
+// signed commit block (whose CID is the commit's, and which names the MST
+// root and the rev), then (unless noOps) the operation count and each
+// operation's path and record CID (empty for a delete).
 func encodeHint(did string, res *CommitResult, noOps bool) []byte {
+	noOps = noOps || len(res.moved.ops) > maxHintOps
 	var flags byte
 	if noOps {
 		flags = hintFlagNoOps
 	}
-	b := make([]byte, 0, 256)
+	b := make([]byte, 0, 512)
 	b = append(b, hintVersion, flags)
 	b = appendField(b, []byte(did))
 	b = appendField(b, res.moved.prev.Bytes())
-	b = appendField(b, res.Commit.Bytes())
-	b = appendField(b, res.moved.data.Bytes())
-	b = appendField(b, []byte(res.Rev))
+	b = appendField(b, res.moved.commitBlock)
 	if noOps {
 		return b
 	}
@@ -288,7 +308,9 @@ func (r *hintReader) cid(optional bool) cid.Cid {
 	return c
 }
 
-// decodeHint parses encodeHint's payload.
+// decodeHint parses encodeHint's payload. The commit's CID, MST root and
+// rev are read off the commit block, so a hint cannot name a commit CID
+// with another tree: the CID is the block's hash.
 func decodeHint(b []byte) (string, *hint, error) {
 	if len(b) < 2 || b[0] != hintVersion || b[1]&^hintFlagNoOps != 0 {
 		return "", nil, errBadHint
@@ -296,16 +318,28 @@ func decodeHint(b []byte) (string, *hint, error) {
 	h := &hint{noOps: b[1]&hintFlagNoOps != 0}
 	r := &hintReader{b: b[2:]}
 	did := string(r.field())
-	h.prev, h.commit, h.data = r.cid(false), r.cid(false), r.cid(false)
-	h.rev = string(r.field())
-	if r.err != nil || did == "" || h.rev == "" {
+	h.prev = r.cid(false)
+	block := r.field()
+	if r.err != nil || did == "" {
 		return "", nil, errBadHint
 	}
+	var err error
+	if h.commit, err = cidBuilder.Sum(block); err != nil {
+		return "", nil, errBadHint
+	}
+	var c atrepo.Commit
+	if c.UnmarshalCBOR(bytes.NewReader(block)) != nil || c.DID != did || !c.Data.Defined() || c.Rev == "" || h.prev.Equals(h.commit) {
+		return "", nil, errBadHint
+	}
+	h.data, h.rev = c.Data, c.Rev
 	if h.noOps {
+		if len(r.b) != 0 {
+			return "", nil, errBadHint
+		}
 		return did, h, nil
 	}
 	n, k := binary.Uvarint(r.b)
-	if k <= 0 || n == 0 || n > uint64(len(r.b)) {
+	if k <= 0 || n == 0 || n > maxHintOps {
 		return "", nil, errBadHint
 	}
 	r.b = r.b[k:]

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	atrepo "github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	lexutil "github.com/bluesky-social/indigo/lex/util"
 	"github.com/ipfs/go-cid"
@@ -129,35 +131,22 @@ func TestHintsLostOrWrong(t *testing.T) {
 	b := setup(t, Config{})
 	bogus := cid.MustParse("bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm")
 	m := newHintMesh(b, 3, func(n int, payload []byte) []byte {
-		did, h, err := decodeHint(payload)
-		require.NoError(t, err)
 		switch n % 4 {
 		case 0:
 			return nil // lost
 		case 1:
-			if len(h.ops) > 0 && h.ops[0].cid.Defined() {
-				h.ops[0].cid = bogus // a wrong record
-			}
+			return rewriteHintOps(t, payload, func(ops []sinceRecord) []sinceRecord {
+				if ops[0].cid.Defined() {
+					ops[0].cid = bogus // a wrong record
+				}
+				return ops
+			})
 		case 2:
-			h.data = bogus // a wrong root
+			return rewriteHintOps(t, payload, func(ops []sinceRecord) []sinceRecord {
+				return append(ops, sinceRecord{path: "app.bsky.feed.post/zzzz", cid: bogus}) // one op too many
+			})
 		}
-		res := &CommitResult{Commit: h.commit, Rev: h.rev, moved: &movedFrom{prev: h.prev, data: h.data}}
-		out := encodeHint(did, res, true)
-		if len(h.ops) == 0 {
-			return out
-		}
-		// Re-encode with the (altered) operations.
-		out[1] = 0
-		out = appendUvarint(out, len(h.ops))
-		for _, op := range h.ops {
-			out = appendField(out, []byte(op.path))
-			var c []byte
-			if op.cid.Defined() {
-				c = op.cid.Bytes()
-			}
-			out = appendField(out, c)
-		}
-		return out
+		return payload
 	})
 	did := b.newRepo(t, 1)
 	const commits = 60
@@ -179,15 +168,21 @@ func TestHintsLostOrWrong(t *testing.T) {
 // fields are well formed; none panics.
 func TestDecodeHintRefusesMalformed(t *testing.T) {
 	t.Parallel()
+	key, err := atcrypto.GeneratePrivateKeyK256()
+	require.NoError(t, err)
 	c1 := cid.MustParse("bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm")
-	rc := c1
-	res := &CommitResult{Commit: c1, Rev: "3kabcdefghij2", moved: &movedFrom{prev: c1, data: c1}}
-	res.moved.ops = opsOf(t, []sinceRecord{{path: "app.bsky.feed.post/a", cid: rc}, {path: "app.bsky.feed.post/b"}})
+	commit, block, err := signCommit("did:plc:abc", c1, "3kabcdefghij2", key)
+	require.NoError(t, err)
+	res := &CommitResult{moved: &movedFrom{prev: c1, commitBlock: block}}
+	res.moved.ops = opsOf(t, []sinceRecord{{path: "app.bsky.feed.post/a", cid: c1}, {path: "app.bsky.feed.post/b"}})
 	payload := encodeHint("did:plc:abc", res, false)
 	did, h, err := decodeHint(payload)
 	require.NoError(t, err)
 	require.Equal(t, "did:plc:abc", did)
-	require.Equal(t, []sinceRecord{{path: "app.bsky.feed.post/a", cid: rc}, {path: "app.bsky.feed.post/b"}}, h.ops)
+	require.Equal(t, commit, h.commit)
+	require.Equal(t, c1, h.data)
+	require.Equal(t, "3kabcdefghij2", h.rev)
+	require.Equal(t, []sinceRecord{{path: "app.bsky.feed.post/a", cid: c1}, {path: "app.bsky.feed.post/b"}}, h.ops)
 	for n := range len(payload) {
 		_, _, err := decodeHint(payload[:n])
 		require.Error(t, err, "truncated to %d bytes", n)
@@ -202,9 +197,19 @@ func TestDecodeHintRefusesMalformed(t *testing.T) {
 			}
 		}
 	}
+	_, _, err = decodeHint(encodeHint("did:plc:other", res, false))
+	require.Error(t, err, "a commit of another DID")
 	_, h, err = decodeHint(encodeHint("did:plc:abc", res, true))
 	require.NoError(t, err)
 	require.True(t, h.noOps)
+	many := make([]sinceRecord, maxHintOps+1)
+	for i := range many {
+		many[i] = sinceRecord{path: fmt.Sprintf("app.bsky.feed.post/%d", i), cid: c1}
+	}
+	res.moved.ops = opsOf(t, many)
+	_, h, err = decodeHint(encodeHint("did:plc:abc", res, false))
+	require.NoError(t, err)
+	require.True(t, h.noOps, "a hint of more than maxHintOps operations goes without them")
 }
 
 func appendUvarint(b []byte, n int) []byte { return binary.AppendUvarint(b, uint64(n)) }
@@ -251,4 +256,126 @@ func TestHintsLetGoOfTreesWrittenElsewhere(t *testing.T) {
 	_, err = idle.Apply(ctx, did, mixedWrite(maxHintsPerRepo+2), nil)
 	require.NoError(t, err)
 	requireCacheExact(t, b, idle, did)
+}
+
+// rewriteHintOps re-encodes a hint's payload with its operations changed
+// by change.
+func rewriteHintOps(t *testing.T, payload []byte, change func([]sinceRecord) []sinceRecord) []byte {
+	t.Helper()
+	_, h, err := decodeHint(payload)
+	require.NoError(t, err)
+	if h.noOps {
+		return payload
+	}
+	r := &hintReader{b: payload[2:]}
+	r.field()
+	r.field()
+	r.field()
+	require.NoError(t, r.err)
+	out := append([]byte(nil), payload[:len(payload)-len(r.b)]...)
+	ops := change(h.ops)
+	out = appendUvarint(out, len(ops))
+	for _, op := range ops {
+		out = appendField(out, []byte(op.path))
+		var c []byte
+		if op.cid.Defined() {
+			c = op.cid.Bytes()
+		}
+		out = appendField(out, c)
+	}
+	return out
+}
+
+// TestLyingHintIsNeverStored: a hint with a valid encoding that lies (a
+// commit block of its own, signed by another key, whose tree adds a
+// record never stored, with a rev far in the future) is followed by the
+// cached tree, but the commit built on it names a commit the database
+// does not have: it is refused, and the write goes through on the real
+// tree. Nothing of the lie is stored or sent on the firehose; a hint
+// whose commit is its own predecessor is refused as malformed.
+func TestLyingHintIsNeverStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	m := newHintMesh(b, 2, nil)
+	did := b.newRepo(t, 1)
+	writer, victim := m.engines[0], m.engines[1]
+	for i := range 4 {
+		_, err := []*Engine{writer, victim}[i%2].Apply(ctx, did, mixedWrite(i), nil)
+		require.NoError(t, err)
+	}
+	head, err := victim.GetHead(ctx, did)
+	require.NoError(t, err)
+
+	// The lie: the victim's tree plus a record, under a commit of its own.
+	st := victim.cache.takeAny(did.String())
+	require.NotNil(t, st)
+	evil := cid.MustParse("bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm")
+	_, err = atrepo.ApplyOp(st.tree, "app.bsky.feed.post/evil", &evil)
+	require.NoError(t, err)
+	root, err := st.tree.RootCID()
+	require.NoError(t, err)
+	_, err = atrepo.ApplyOp(st.tree, "app.bsky.feed.post/evil", nil)
+	require.NoError(t, err)
+	_, err = st.tree.RootCID()
+	require.NoError(t, err)
+	victim.cache.put(st)
+	key, err := atcrypto.GeneratePrivateKeyK256()
+	require.NoError(t, err)
+	_, block, err := signCommit(did, *root, "7zzzzzzzzzzzz", key)
+	require.NoError(t, err)
+	lie := &CommitResult{moved: &movedFrom{prev: head.Commit, commitBlock: block,
+		ops: opsOf(t, []sinceRecord{{path: "app.bsky.feed.post/evil", cid: evil}})}}
+	kept, applied := counterValue(t, victim.counters.hints.WithLabelValues("kept")), counterValue(t, victim.counters.hints.WithLabelValues("applied"))
+	victim.ReceiveHint(encodeHint(did.String(), lie, false))
+	require.Equal(t, kept+1, counterValue(t, victim.counters.hints.WithLabelValues("kept")))
+
+	_, err = victim.Apply(ctx, did, mixedWrite(4), nil)
+	require.NoError(t, err)
+	require.Equal(t, applied+1, counterValue(t, victim.counters.hints.WithLabelValues("applied")), "the lie was followed")
+	requireCacheExact(t, b, victim, did)
+	got, err := victim.GetHead(ctx, did)
+	require.NoError(t, err)
+	require.Less(t, got.Rev, "7zzzzzzzzzzzz", "the lie's rev was stored")
+	_, err = victim.GetRecord(ctx, did, "app.bsky.feed.post", "evil")
+	require.ErrorIs(t, err, ErrRecordNotFound)
+	b.exportMatchesIndex(t, did)
+	require.Equal(t, 5, b.verifyChain(t, b.sequencedEvents(t))[did])
+
+	// Its own predecessor: malformed.
+	c, _ := cidBuilder.Sum(block)
+	self := &CommitResult{moved: &movedFrom{prev: c, commitBlock: block}}
+	_, _, err = decodeHint(encodeHint(did.String(), self, true))
+	require.Error(t, err)
+}
+
+// TestHintsSentAgainAreIgnored: a hint received again (a datagram
+// replayed) is not kept twice while it waits, and not kept at all once
+// the cached tree has its commit, so replays cannot make a node let go
+// of a tree.
+func TestHintsSentAgainAreIgnored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	var last []byte
+	m := newHintMesh(b, 2, func(_ int, payload []byte) []byte { last = payload; return payload })
+	did := b.newRepo(t, 1)
+	a, v := m.engines[0], m.engines[1]
+	for i := range 2 {
+		_, err := []*Engine{a, v}[i%2].Apply(ctx, did, mixedWrite(i), nil)
+		require.NoError(t, err)
+	}
+	_, err := a.Apply(ctx, did, mixedWrite(2), nil)
+	require.NoError(t, err)
+	for range 2 * maxHintsPerRepo {
+		v.ReceiveHint(last)
+	}
+	require.Equal(t, float64(2*maxHintsPerRepo), counterValue(t, v.counters.hints.WithLabelValues("duplicate")))
+	require.Zero(t, counterValue(t, v.counters.hints.WithLabelValues("dropped")))
+	require.True(t, v.cache.has(did.String()))
+	_, err = v.Apply(ctx, did, mixedWrite(3), nil)
+	require.NoError(t, err)
+	v.ReceiveHint(last)
+	require.Equal(t, float64(1), counterValue(t, v.counters.hints.WithLabelValues("old")))
+	requireCacheExact(t, b, v, did)
 }

@@ -55,10 +55,10 @@ func (e *Engine) loadState(ctx context.Context, q db.DBTX, did string, data cid.
 // the lock) when it has; else the tree loaded whole.
 func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached *repoState, root *movedRoot, since [][]byte) (*repoState, error) {
 	if cached != nil && !cached.torn {
-		if since == nil && cached.commit.Equals(root.commit) {
+		if since == nil && cached.at(root) {
 			return cached, nil
 		}
-		if since != nil && e.refresh(ctx, q, cached, since) && cached.commit.Equals(root.commit) {
+		if since != nil && e.refresh(ctx, q, cached, since) && cached.at(root) {
 			return cached, nil
 		}
 	}
@@ -71,6 +71,13 @@ func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached 
 		st.checks = checksAfterMove
 	}
 	return st, nil
+}
+
+// at reports whether st is the tree of root: the same commit, MST root
+// and rev (a commit CID binds the other two; checking them too keeps a
+// state whose commit was set apart from its tree from being used).
+func (st *repoState) at(root *movedRoot) bool {
+	return st.commit.Equals(root.commit) && st.data.Equals(root.data) && st.rev == root.rev
 }
 
 // removedNodes returns the nodes of st's tree before this commit (rooted

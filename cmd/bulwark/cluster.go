@@ -33,9 +33,21 @@ type clusterRole struct {
 	leases   *cluster.Leases
 	sessions *pgxpool.Pool
 
-	mu      sync.Mutex
-	onClock func(uint) // the engine's SetClockID, once built
-	clockID uint
+	mu       sync.Mutex
+	onClock  func(uint) // the engine's SetClockID, once built
+	clockID  uint
+	hintConn *cluster.Hints // nil: none
+}
+
+// abandon leaves the cluster for a node whose start failed before its
+// services ran: its row marked stopped, its hint socket closed.
+func (r *clusterRole) abandon() {
+	if r.node != nil {
+		r.node.Leave()
+	}
+	if r.hintConn != nil {
+		r.hintConn.Close()
+	}
 }
 
 // joinCluster checks this node against the others on the database (the
@@ -183,6 +195,7 @@ func (r *clusterRole) hints(ctx context.Context, cfg *config.Config, engine *rep
 		return nil, err
 	}
 	engine.SetHintSender(h)
+	r.hintConn = h
 	logger.Info("commit hints on", "addr", cfg.ClusterHintAddr, "peers", h.Peers())
 	return []service{{name: "cluster hints", run: h.Run}}, nil
 }

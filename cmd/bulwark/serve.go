@@ -103,6 +103,15 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 	if err != nil {
 		return err
 	}
+	// Until its services run (and leave the cluster when they stop), a
+	// start that fails leaves the cluster here, so the other nodes do not
+	// count it as running.
+	servicesStarted := false
+	defer func() {
+		if !servicesStarted {
+			role.abandon()
+		}
+	}()
 
 	devPLC := newDevPLC(cfg, d.Pool, logger)
 	if err := checkHost(ctx, cfg, d.Pool, devPLC, logger); err != nil {
@@ -114,6 +123,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, banner 
 		return err
 	}
 	svcs := startServices(b.services)
+	servicesStarted = true
 	defer svcs.cancel()
 	hs := b.srv.HTTPServer()
 	info, err := newStartInfo(ctx, cfg, d.Pool)
