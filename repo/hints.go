@@ -238,6 +238,14 @@ type movedFrom struct {
 	ops         []*comatproto.SyncSubscribeRepos_RepoOp
 }
 
+// movedFrom is what a commit's hint needs, when hints are sent.
+func (e *Engine) movedFrom(prev cid.Cid, commitBlock []byte, ops []*comatproto.SyncSubscribeRepos_RepoOp) *movedFrom {
+	if e.hintSender.Load() == nil {
+		return nil
+	}
+	return &movedFrom{prev: prev, commitBlock: commitBlock, ops: ops}
+}
+
 // encodeHint is a hint's payload: a version and flags byte each, then
 // length-prefixed (uvarint) the DID, the previous commit's CID and the
 // signed commit block (whose CID is the commit's, and which names the MST
