@@ -170,6 +170,12 @@ func (st *repoState) replay(ctx context.Context, m *movedRoot) (bool, error) {
 	if err != nil || !root.Equals(m.data) {
 		return false, st.undoOps(done, oldData)
 	}
+	if len(diff.blocks) == 0 {
+		// The records since left the tree as it was (a record updated and
+		// then put back): no node changed, none is dropped.
+		st.commit, st.rev = m.commit, m.rev
+		return true, nil
+	}
 	removed, newKids, err := st.removedNodes(oldData, diff)
 	if err != nil {
 		st.torn = true

@@ -414,3 +414,31 @@ func TestCatchUpAcrossReshape(t *testing.T) {
 	}
 	b.exportMatchesIndex(t, did)
 }
+
+// TestRefreshAfterUpdateAndRevert: another engine updates a record and
+// then puts it back, so the records written since leave the cached tree
+// as it was; catching up keeps every node of the tree, and the next
+// commit goes through on it (it used to find its nodes gone).
+func TestRefreshAfterUpdateAndRevert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	other := New(b.pool, b.keys, nil, Config{counters: newCounters()})
+	did := b.newRepo(t, 1)
+	for i := range 5 {
+		_, err := b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", fmt.Sprintf("r%d", i), post(fmt.Sprint(i)))}, nil)
+		require.NoError(t, err)
+	}
+	update := func(e *Engine, text string) {
+		_, err := e.Apply(ctx, did, []Write{{Action: ActionUpdate, Collection: "app.bsky.feed.post", RKey: "r2", Record: post(text)}}, nil)
+		require.NoError(t, err)
+	}
+	update(other, "changed")
+	update(other, "2") // back to what it was
+	refreshes := counterValue(t, b.engine.counters.refreshes)
+	_, err := b.engine.Apply(ctx, did, []Write{create("app.bsky.feed.post", "r9", post("after"))}, nil)
+	require.NoError(t, err)
+	require.Equal(t, refreshes+1, counterValue(t, b.engine.counters.refreshes), "caught up from the records since")
+	requireCacheExact(t, b, b.engine, did)
+	b.exportMatchesIndex(t, did)
+}
