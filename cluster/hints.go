@@ -47,11 +47,17 @@ const (
 	// address not among them (a node that has just started).
 	hintPeersEvery   = 2 * time.Second
 	hintPeersSoonest = 500 * time.Millisecond
-	hintMagic        = "BWH1"
-	hintHeader       = len(hintMagic) + 8
-	hintTag          = sha256.Size
-	// hintBuffer is the read buffer, larger than any datagram accepted, so
-	// a longer one is read whole and refused.
+	// hintDrainEvery is how often Run reads what has arrived.
+	hintDrainEvery = 50 * time.Millisecond
+	// hintReadBuffer is the socket's receive buffer asked for: room for
+	// the hints of more than hintDrainEvery at thousands of commits a
+	// second (the system may give less; a hint lost costs a refusal).
+	hintReadBuffer = 4 << 20
+	hintMagic      = "BWH1"
+	hintHeader     = len(hintMagic) + 8
+	hintTag        = sha256.Size
+	// hintBuffer is Poll's read buffer, larger than any datagram
+	// accepted, so a longer one is read whole and refused.
 	hintBuffer = 64 << 10
 )
 
@@ -74,7 +80,7 @@ type HintConfig struct {
 	Addr string
 	// Key authenticates the datagrams (the same on every node).
 	Key []byte
-	// Handle is called with each authenticated payload, on the reading
+	// Handle is called with each authenticated payload, on Run's
 	// goroutine or a Poll caller's: it must not block, and must be safe
 	// for concurrent use.
 	Handle func(payload []byte)
@@ -123,6 +129,7 @@ func ListenHints(ctx context.Context, n *Node, cfg HintConfig) (*Hints, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	_ = conn.SetReadBuffer(hintReadBuffer)
 	h := &Hints{cfg: cfg, node: n, conn: conn, log: cfg.Logger.With("component", "cluster-hints"), unknown: make(chan struct{}, 1),
 		buf: make([]byte, 0, hintHeader+MaxHintPayload+hintTag)}
 	h.peers.Store(&[]netip.AddrPort{})
@@ -171,47 +178,38 @@ func (h *Hints) Send(payload []byte) {
 	}
 }
 
-// Run reads hints and refreshes the peers until ctx ends; it closes the
-// socket then.
+// Run drains the socket every hintDrainEvery and refreshes the peers
+// until ctx ends; it closes the socket then. Hints are read in batches,
+// not as each arrives: a writer reads the ones it needs itself (Poll)
+// before it commits, and the batches only keep the socket's buffer from
+// filling with hints of repositories this node does not write, at a few
+// wake-ups a second instead of one per commit of every other node.
 func (h *Hints) Run(ctx context.Context) error {
-	go func() {
-		<-ctx.Done()
-		h.Close()
-	}()
-	go func() {
-		t := time.NewTicker(hintPeersEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			case <-h.unknown:
-			}
-			if err := h.refreshPeers(ctx); err != nil && ctx.Err() == nil {
-				h.log.Debug("reading the hint peers", "err", err)
-			}
+	defer h.Close()
+	peers := time.NewTicker(hintPeersEvery)
+	defer peers.Stop()
+	drain := time.NewTicker(hintDrainEvery)
+	defer drain.Stop()
+	var soonest time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-drain.C:
+			h.Poll()
+			continue
+		case <-peers.C:
+		case <-h.unknown:
 			// However many datagrams from strangers arrive, the peers
 			// are read at most this often.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(hintPeersSoonest):
+			if time.Now().Before(soonest) {
+				continue
 			}
 		}
-	}()
-	buf := make([]byte, hintBuffer)
-	for {
-		n, from, err := h.conn.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Not expected of a UDP socket; do not spin on it.
-			time.Sleep(10 * time.Millisecond)
-			continue
+		soonest = time.Now().Add(hintPeersSoonest)
+		if err := h.refreshPeers(ctx); err != nil && ctx.Err() == nil {
+			h.log.Debug("reading the hint peers", "err", err)
 		}
-		h.handle(from, buf[:n])
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"syscall"
 )
 
+// maxPollBatch bounds the datagrams one Poll reads.
+const maxPollBatch = 4096
+
 // pollBufs are Poll's read buffers.
 var pollBufs = sync.Pool{New: func() any { b := make([]byte, hintBuffer); return &b }}
 
@@ -53,8 +56,8 @@ func (h *Hints) closePollFD() {
 // Poll reads the hints already waiting on the socket, without waiting for
 // more, and hands them on before it returns. A writer calls it just
 // before it looks at its hints: a hint sent before the client was
-// answered has then reached this host before the client's next request
-// did, but the reading goroutine may not have run yet on a busy machine.
+// answered has reached this host before the client's next request did,
+// and is read then, whenever Run last drained the socket.
 func (h *Hints) Poll() {
 	h.poll.mu.RLock()
 	defer h.poll.mu.RUnlock()
@@ -64,7 +67,7 @@ func (h *Hints) Poll() {
 	bp := pollBufs.Get().(*[]byte)
 	defer pollBufs.Put(bp)
 	buf := *bp
-	for range 64 {
+	for range maxPollBatch {
 		n, from, err := syscall.Recvfrom(h.poll.fd, buf, syscall.MSG_DONTWAIT)
 		if err != nil {
 			return

@@ -26,6 +26,11 @@ type repoState struct {
 	// checks is how many more commits ask whether another process moved
 	// the repository before they are worked out (refresh.go).
 	checks int
+	// shared is how many more of this process's commits to the
+	// repository are hinted to the other nodes (hints.go): set when
+	// another node is found writing to it, so hints cost nothing where
+	// each repository is written by one node.
+	shared int
 	// torn is set when a plan could not be undone: the tree is not at
 	// data, and the state must not be used again.
 	torn bool

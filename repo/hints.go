@@ -58,6 +58,12 @@ const (
 	// maxHintOps bounds a hint's operations; a commit with more is
 	// hinted without them.
 	maxHintOps = 32
+	// hintsAfterMove is how many of its next commits to a repository a
+	// process hints to the others once it finds another node writing to
+	// it (a refresh, a hint applied); each such finding starts the count
+	// afresh. Behind a round-robin balancer that is every commit; where
+	// each repository stays on one node, none.
+	hintsAfterMove = 8
 )
 
 // hint is one commit another node made.
@@ -76,8 +82,9 @@ type hintBook struct {
 	byDID map[string][]*hint
 }
 
-// SetHintSender makes the engine send a hint of each commit it stores to
-// s (nil: none).
+// SetHintSender makes the engine send hints of the commits it stores to
+// s (nil: none): of each commit to a repository another node has lately
+// written to as well.
 func (e *Engine) SetHintSender(s HintSender) {
 	if s == nil {
 		e.hintSender.Store(nil)
@@ -160,6 +167,9 @@ func (e *Engine) isWriting(did string) bool {
 // st but the chain stops short (a hint lost, or one without operations),
 // the commit asks first. On an error st is torn.
 func (e *Engine) followHints(ctx context.Context, st *repoState) {
+	if st.shared > 0 {
+		st.shared--
+	}
 	hs := e.takeHints(st.did)
 	if len(hs) == 0 {
 		return
@@ -202,6 +212,7 @@ func (e *Engine) followHints(ctx context.Context, st *repoState) {
 		}
 		if ok {
 			e.counters.hints.WithLabelValues("applied").Inc()
+			st.shared = hintsAfterMove
 		}
 	}
 	for _, h := range live {
@@ -238,9 +249,10 @@ type movedFrom struct {
 	ops         []*comatproto.SyncSubscribeRepos_RepoOp
 }
 
-// movedFrom is what a commit's hint needs, when hints are sent.
-func (e *Engine) movedFrom(prev cid.Cid, commitBlock []byte, ops []*comatproto.SyncSubscribeRepos_RepoOp) *movedFrom {
-	if e.hintSender.Load() == nil {
+// movedFrom is what a commit's hint needs, when one is sent: hints are on
+// and another node has been found writing to the repository lately.
+func (e *Engine) movedFrom(st *repoState, prev cid.Cid, commitBlock []byte, ops []*comatproto.SyncSubscribeRepos_RepoOp) *movedFrom {
+	if st.shared == 0 || e.hintSender.Load() == nil {
 		return nil
 	}
 	return &movedFrom{prev: prev, commitBlock: commitBlock, ops: ops}

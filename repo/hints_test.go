@@ -102,13 +102,15 @@ func TestRoundRobinWithHintsReadsNothing(t *testing.T) {
 		require.NoError(t, err, "write %d", i)
 		requireCacheExact(t, b, e, did)
 	}
-	// Each engine loads the tree once.
-	for i := range len(m.engines) {
+	// Each engine loads the tree, then finds another wrote to it: from
+	// then on each hints its commits.
+	warm := 2 * len(m.engines)
+	for i := range warm {
 		write(i)
 	}
 	before, applied := sumCounts(t, m.engines), hintsApplied(t, m.engines)
 	const commits = 40
-	for i := len(m.engines); i < len(m.engines)+commits; i++ {
+	for i := warm; i < warm+commits; i++ {
 		write(i)
 	}
 	d := sumCounts(t, m.engines)
@@ -117,7 +119,7 @@ func TestRoundRobinWithHintsReadsNothing(t *testing.T) {
 	require.Equal(t, float64(commits), d.plans-before.plans, "commits worked out more than once")
 	require.Equal(t, float64(commits), hintsApplied(t, m.engines)-applied, "cached trees caught up from hints")
 	b.exportMatchesIndex(t, did)
-	require.Equal(t, commits+len(m.engines), b.verifyChain(t, b.sequencedEvents(t))[did])
+	require.Equal(t, commits+warm, b.verifyChain(t, b.sequencedEvents(t))[did])
 }
 
 // TestHintsLostOrWrong: hints are only hints. With some lost, some
@@ -237,24 +239,32 @@ func TestHintsLetGoOfTreesWrittenElsewhere(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, Config{})
-	m := newHintMesh(b, 2, nil)
+	m := newHintMesh(b, 3, nil)
 	did := b.newRepo(t, 1)
-	idle, busy := m.engines[0], m.engines[1]
-	_, err := idle.Apply(ctx, did, mixedWrite(0), nil)
-	require.NoError(t, err)
-	for i := 1; i <= maxHintsPerRepo; i++ {
-		_, err := busy.Apply(ctx, did, mixedWrite(i), nil)
+	idle, busy := m.engines[0], m.engines[1:]
+	apply := func(e *Engine, i int) {
+		_, err := e.Apply(ctx, did, mixedWrite(i), nil)
 		require.NoError(t, err)
 	}
+	i := 0
+	for ; i < 2*len(m.engines); i++ {
+		apply(m.engines[i%len(m.engines)], i)
+	}
+	apply(idle, i)
+	i++
+	// The other two go on writing, in turn, hinting each other and idle.
+	for range maxHintsPerRepo {
+		apply(busy[i%2], i)
+		i++
+	}
 	require.True(t, idle.cache.has(did.String()), "let go too early")
-	_, err = busy.Apply(ctx, did, mixedWrite(maxHintsPerRepo+1), nil)
-	require.NoError(t, err)
+	apply(busy[i%2], i)
+	i++
 	require.False(t, idle.cache.has(did.String()), "a tree written elsewhere is kept")
 	require.Empty(t, idle.takeHints(did.String()))
 	require.Equal(t, float64(1), counterValue(t, idle.counters.hints.WithLabelValues("dropped")))
 	// Writing to it again loads it and works.
-	_, err = idle.Apply(ctx, did, mixedWrite(maxHintsPerRepo+2), nil)
-	require.NoError(t, err)
+	apply(idle, i)
 	requireCacheExact(t, b, idle, did)
 }
 
@@ -378,4 +388,38 @@ func TestHintsSentAgainAreIgnored(t *testing.T) {
 	v.ReceiveHint(last)
 	require.Equal(t, float64(1), counterValue(t, v.counters.hints.WithLabelValues("old")))
 	requireCacheExact(t, b, v, did)
+}
+
+// TestHintsOnlyOfSharedRepos: a repository written by one engine alone is
+// never hinted; once another engine writes to it too, both hint their
+// commits, and once the writes stay on one engine again, its hints stop
+// after hintsAfterMove commits.
+func TestHintsOnlyOfSharedRepos(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{})
+	m := newHintMesh(b, 2, nil)
+	did := b.newRepo(t, 1)
+	a, other := m.engines[0], m.engines[1]
+	sent := func() int { m.mu.Lock(); defer m.mu.Unlock(); return m.sent }
+	i := 0
+	apply := func(e *Engine) {
+		_, err := e.Apply(ctx, did, mixedWrite(i), nil)
+		require.NoError(t, err)
+		i++
+	}
+	for range 20 {
+		apply(a)
+	}
+	require.Zero(t, sent(), "a repository written by one engine was hinted")
+	apply(other) // loads the tree: nothing tells it another engine wrote
+	apply(a)     // refused, caught up: from now on a hints
+	apply(other) // follows a's hint, hints its own
+	apply(a)     // follows other's
+	require.Equal(t, 3, sent())
+	for range 3 * hintsAfterMove {
+		apply(a)
+	}
+	require.Equal(t, 3+hintsAfterMove-1, sent(), "hints go on where writes stay on one engine")
+	requireCacheExact(t, b, a, did)
 }

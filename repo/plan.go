@@ -84,7 +84,7 @@ func (e *Engine) plan(ctx context.Context, st *repoState, did syntax.DID, key at
 	}
 	params.addRecords(applied.upserts, applied.deletes)
 	return &commitPlan{
-		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: applied.results, moved: e.movedFrom(oldCommit, commitBytes, applied.ops)},
+		res:         &CommitResult{Commit: commitCID, Rev: rev, Results: applied.results, moved: e.movedFrom(st, oldCommit, commitBytes, applied.ops)},
 		params:      params,
 		blobChanges: e.blobChanges(applied),
 		finish:      func() { st.advance(removed, newKids, diff, *root, commitCID, rev) },

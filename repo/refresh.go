@@ -138,7 +138,7 @@ func (e *Engine) refresh(ctx context.Context, q db.DBTX, st *repoState, moved []
 		}
 	}
 	e.counters.refreshes.Inc()
-	st.checks = checksAfterMove
+	st.checks, st.shared = checksAfterMove, hintsAfterMove
 	return true
 }
 

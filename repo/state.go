@@ -68,7 +68,7 @@ func (e *Engine) lockedState(ctx context.Context, q db.DBTX, did string, cached 
 	}
 	st.commit, st.rev = root.commit, root.rev
 	if cached != nil {
-		st.checks = checksAfterMove
+		st.checks, st.shared = checksAfterMove, hintsAfterMove
 	}
 	return st, nil
 }
