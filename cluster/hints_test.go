@@ -8,10 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db/dbtest"
 )
+
+// joinForHints joins a node named id to pool's cluster.
+func joinForHints(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id string) *Node {
+	t.Helper()
+	n, err := Join(ctx, pool, NodeConfig{ID: id, Facts: secretFacts("jwt", "s3")})
+	require.NoError(t, err)
+	return n
+}
 
 // hintNode is a joined node with its hints running; got receives what
 // its handler is given.
@@ -56,11 +65,7 @@ func TestHintsReachPeersOnly(t *testing.T) {
 	t.Cleanup(cancel)
 	pool := dbtest.New(t)
 	key := bytes.Repeat([]byte{7}, 32)
-	join := func(id string) *Node {
-		n, err := Join(ctx, pool, NodeConfig{ID: id, Facts: secretFacts("jwt", "s3")})
-		require.NoError(t, err)
-		return n
-	}
+	join := func(id string) *Node { return joinForHints(t, ctx, pool, id) }
 	a := startHintNode(t, ctx, join("a"), key)
 	b := startHintNode(t, ctx, join("b"), key)
 	// a joined before b: it learns of b at its next refresh.
@@ -151,11 +156,7 @@ func TestHintsPollReadsWaiting(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.New(t)
 	key := bytes.Repeat([]byte{9}, 32)
-	join := func(id string) *Node {
-		n, err := Join(ctx, pool, NodeConfig{ID: id, Facts: secretFacts("jwt", "s3")})
-		require.NoError(t, err)
-		return n
-	}
+	join := func(id string) *Node { return joinForHints(t, ctx, pool, id) }
 	var got []string
 	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
 	require.NoError(t, err)

@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net"
-	"net/http"
 	"strconv"
 	"testing"
 
@@ -34,15 +32,10 @@ func freeUDPPort(t *testing.T) int {
 // other nodes could not send to is refused at start.
 func TestServeCommitHints(t *testing.T) {
 	t.Parallel()
-	dbURL := dbtest.NewURL(t)
-	_, plc := plctest.NewServer(t)
-	sec := newClusterSecrets(t)
-	blobDir := t.TempDir()
-	host := "localhost:" + strconv.Itoa(freePort(t))
+	tc := newTestCluster(t)
+	dbURL, plc, host := tc.dbURL, tc.plc, tc.host
 	node := func() serverOptions {
-		hint := "127.0.0.1:" + strconv.Itoa(freeUDPPort(t))
-		return serverOptions{databaseURL: dbURL, hostname: host, plcURL: plc.URL,
-			extra: append(sec.flags(), "--blob-dir", blobDir, "--blob-dir-shared", "--cluster-hint-addr", hint)}
+		return tc.node("--cluster-hint-addr", "127.0.0.1:"+strconv.Itoa(freeUDPPort(t)))
 	}
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--database-url", dbURL, "--hostname", host,
@@ -55,13 +48,7 @@ func TestServeCommitHints(t *testing.T) {
 	b := startLiveServer(t, node())
 	require.Contains(t, b.logs.String(), `msg="commit hints on"`)
 
-	code, out, errOut := cli("admin", "--url", a.url, "--admin-password", sec.admin, "account", "create",
-		"--handle", "hinted.test", "--email", "hinted@example.com", "--json")
-	require.Equal(t, 0, code, errOut)
-	var acct createdAccount
-	require.NoError(t, json.Unmarshal([]byte(out), &acct))
-	token, status := a.login(t, acct.Handle, acct.Password)
-	require.Equal(t, http.StatusOK, status)
+	acct, token := tc.account(t, a, a, "hinted")
 
 	post := map[string]any{"$type": "app.bsky.feed.post", "text": "hi", "createdAt": "2026-01-01T00:00:00Z"}
 	// Writes alternate until a hint has been used: both nodes then cache

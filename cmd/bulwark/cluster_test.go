@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -46,6 +47,42 @@ func (c clusterSecrets) flags() []string {
 	return []string{"--jwt-secret", c.jwt, "--admin-password", c.admin, "--plc-rotation-key", c.rotation}
 }
 
+// testCluster is what the nodes of a test cluster share: a database, a
+// PLC, the secrets, a shared blob directory and the public host name.
+type testCluster struct {
+	dbURL         string
+	plc           *httptest.Server
+	sec           clusterSecrets
+	blobDir, host string
+}
+
+func newTestCluster(t *testing.T) testCluster {
+	t.Helper()
+	_, plc := plctest.NewServer(t)
+	return testCluster{dbURL: dbtest.NewURL(t), plc: plc, sec: newClusterSecrets(t), blobDir: t.TempDir(),
+		host: "localhost:" + strconv.Itoa(freePort(t))}
+}
+
+// node is a node's options: the shared settings and extra.
+func (c testCluster) node(extra ...string) serverOptions {
+	return serverOptions{databaseURL: c.dbURL, hostname: c.host, plcURL: c.plc.URL,
+		extra: append(append(c.sec.flags(), "--blob-dir", c.blobDir, "--blob-dir-shared"), extra...)}
+}
+
+// account creates an account named name through creator's admin CLI and
+// signs it in on signIn; it returns the account and its access token.
+func (c testCluster) account(t *testing.T, creator, signIn *liveServer, name string) (createdAccount, string) {
+	t.Helper()
+	code, out, errOut := cli("admin", "--url", creator.url, "--admin-password", c.sec.admin, "account", "create",
+		"--handle", name+".test", "--email", name+"@example.com", "--json")
+	require.Equal(t, 0, code, errOut)
+	var acct createdAccount
+	require.NoError(t, json.Unmarshal([]byte(out), &acct))
+	token, status := signIn.login(t, acct.Handle, acct.Password)
+	require.Equal(t, http.StatusOK, status)
+	return acct, token
+}
+
 // refusedServe runs serve with args and requires it to stop at start with
 // exit code 1; it returns the log.
 func refusedServe(t *testing.T, args []string) string {
@@ -80,15 +117,9 @@ func (s *liveServer) clockID(t *testing.T) uint {
 // sequencing node stops, the other takes over.
 func TestTwoNodesOneDatabase(t *testing.T) {
 	t.Parallel()
-	dbURL := dbtest.NewURL(t)
-	_, plc := plctest.NewServer(t)
-	sec := newClusterSecrets(t)
-	blobDir := t.TempDir()
-	host := "localhost:" + strconv.Itoa(freePort(t))
-	node := func(extra ...string) serverOptions {
-		return serverOptions{databaseURL: dbURL, hostname: host, plcURL: plc.URL,
-			extra: append(append(sec.flags(), "--blob-dir", blobDir, "--blob-dir-shared"), extra...)}
-	}
+	tc := newTestCluster(t)
+	dbURL, plc, sec, blobDir, host := tc.dbURL, tc.plc, tc.sec, tc.blobDir, tc.host
+	node := tc.node
 	a := startLiveServer(t, node())
 
 	base := []string{"--database-url", dbURL, "--hostname", host, "--plc-url", plc.URL, "--data-dir", t.TempDir()}
@@ -108,13 +139,7 @@ func TestTwoNodesOneDatabase(t *testing.T) {
 	b := startLiveServer(t, node())
 	require.NotEqual(t, a.clockID(t), b.clockID(t))
 
-	code, out, errOut := cli("admin", "--url", a.url, "--admin-password", sec.admin, "account", "create",
-		"--handle", "alice.test", "--email", "alice@example.com", "--json")
-	require.Equal(t, 0, code, errOut)
-	var acct createdAccount
-	require.NoError(t, json.Unmarshal([]byte(out), &acct))
-	token, status := b.login(t, acct.Handle, acct.Password)
-	require.Equal(t, http.StatusOK, status)
+	acct, token := tc.account(t, a, b, "alice")
 
 	live := subscribe(t, b)
 	for _, s := range []*liveServer{a, b, a, b} {
