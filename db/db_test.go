@@ -181,3 +181,27 @@ func TestOpenErrorsHidePassword(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cret")
 }
+
+// TestMigrationsGoDown: every migration's Down section runs, newest
+// first, back to an empty schema, and the migrations apply again after.
+func TestMigrationsGoDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m := startManaged(t, testConfig(clusterDir(t)))
+	pool, err := db.Open(ctx, m.URL(db.ManagedDatabase), quiet)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, db.Migrate(ctx, pool, quiet))
+	require.NoError(t, db.MigrateDownTo(ctx, pool, 0))
+	var tables []string
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'goose_db_version' ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		tables = append(tables, name)
+	}
+	require.NoError(t, rows.Err())
+	require.Empty(t, tables, "tables left after every Down")
+	require.NoError(t, db.Migrate(ctx, pool, quiet), "migrating up again")
+}
