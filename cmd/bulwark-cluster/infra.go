@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/bulwark-pds/bulwark/internal/pgbouncer"
 )
 
 // proc is one process the test started, its output in a log file.
@@ -388,27 +390,11 @@ func (c *cluster) startPgBouncer(pg *postgres) (int, error) {
 		return 0, err
 	}
 	port := c.port(portPgBouncer)
-	ini := fmt.Sprintf(`[databases]
-* = host=127.0.0.1 port=%d
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s/users.txt
-pool_mode = transaction
-default_pool_size = 20
-max_client_conn = 500
-logfile = %s/pgbouncer.log
-pidfile = %s/pgbouncer.pid
-`, pg.port, port, dir, dir, dir)
-	for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"} {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-			return 0, err
-		}
+	ini, err := pgbouncer.Config{Server: fmt.Sprintf("host=127.0.0.1 port=%d", pg.port), Port: port, PoolSize: 20, MaxClient: 500}.Write(dir)
+	if err != nil {
+		return 0, err
 	}
-	p, err := c.start("pgbouncer", pgUser, nil, c.pgbouncerBin, filepath.Join(dir, "pgbouncer.ini"))
+	p, err := c.start("pgbouncer", pgUser, nil, c.pgbouncerBin, ini)
 	if err != nil {
 		return 0, err
 	}

@@ -7,12 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/internal/pgbouncer"
 )
 
 // PgBouncer runs a real PgBouncer in transaction mode in front of
@@ -43,25 +44,13 @@ func PgBouncer(t testing.TB, direct string, ignore bool) string {
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
-	ini := fmt.Sprintf(`[databases]
-* = host=%s
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s/users.txt
-pool_mode = transaction
-default_pool_size = 4
-logfile = %s/pgbouncer.log
-pidfile = %s/pgbouncer.pid
-`, u.Query().Get("host"), port, dir, dir, dir)
+	cfg := pgbouncer.Config{Server: "host=" + u.Query().Get("host"), Port: port}
 	if ignore {
-		ini += "ignore_startup_parameters = idle_in_transaction_session_timeout,tcp_keepalives_idle,tcp_keepalives_interval,tcp_keepalives_count,tcp_user_timeout\n"
+		cfg.IgnoreStartup = []string{"idle_in_transaction_session_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout"}
 	}
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "users.txt"), []byte(`"postgres" ""`+"\n"), 0o644))
-	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	ini, err := cfg.Write(dir)
+	require.NoError(t, err)
+	args := []string{ini}
 	cmd := exec.Command(bin, args...)
 	if os.Geteuid() == 0 {
 		// PgBouncer refuses to run as root.
