@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bulwark-pds/bulwark/db"
@@ -20,13 +21,20 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
+// unmigratedPool is a pool on a new managed cluster's empty database.
+func unmigratedPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	m := startManaged(t, testConfig(clusterDir(t)))
+	pool, err := db.Open(context.Background(), m.URL(db.ManagedDatabase), quiet)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	m := startManaged(t, testConfig(clusterDir(t)))
-	pool, err := db.Open(ctx, m.URL(db.ManagedDatabase), quiet)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := unmigratedPool(t)
 
 	var status bytes.Buffer
 	require.NoError(t, db.MigrationStatus(ctx, pool, &status))
@@ -187,10 +195,7 @@ func TestOpenErrorsHidePassword(t *testing.T) {
 func TestMigrationsGoDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	m := startManaged(t, testConfig(clusterDir(t)))
-	pool, err := db.Open(ctx, m.URL(db.ManagedDatabase), quiet)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := unmigratedPool(t)
 	require.NoError(t, db.Migrate(ctx, pool, quiet))
 	require.NoError(t, db.MigrateDownTo(ctx, pool, 0))
 	var tables []string
