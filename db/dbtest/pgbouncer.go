@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,8 +59,11 @@ func PgBouncer(t testing.TB, direct string, ignore bool) string {
 		require.NoError(t, err, "running as root needs the postgres user for pgbouncer")
 		cmd = exec.Command("runuser", append([]string{"-u", pg.Username, "--", bin}, args...)...)
 	}
+	// Its own process group, so that the cleanup also stops pgbouncer
+	// under runuser, not runuser alone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
 	pooled := fmt.Sprintf("postgres://postgres@127.0.0.1:%d%s?sslmode=disable", port, u.Path)
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
