@@ -127,9 +127,7 @@ func runCommitBench(b *testing.B, writers int, repos int, cfg Config) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	lat.report(b, elapsed)
-	cpu1 := sampleCPU(b)
-	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
-	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
+	cpu0.reportSince(b)
 	b.ReportMetric(100*counterValue(b, bb.engine.counters.groupedCommits)/float64(b.N), "grouped-%")
 	if os.Getenv("BENCH_PG_STATS") != "" {
 		printStatementStats(b, bb.pool)
@@ -146,6 +144,14 @@ func sampleCPU(b *testing.B) cpuSample {
 	pg, err := benchPG.ServerCPU()
 	require.NoError(b, err)
 	return cpuSample{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), pg: pg}
+}
+
+// reportSince reports the CPU this process and the cluster used per op
+// since c was sampled.
+func (c cpuSample) reportSince(b *testing.B) {
+	now := sampleCPU(b)
+	b.ReportMetric(float64((now.self-c.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
+	b.ReportMetric(float64((now.pg-c.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
 }
 
 // printStatementStats prints where the server's time went, per statement,

@@ -89,9 +89,7 @@ func runRoundRobin(b *testing.B, n int, affinity bool) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	lat.report(b, elapsed)
-	cpu1 := sampleCPU(b)
-	b.ReportMetric(float64((cpu1.self-cpu0.self).Microseconds())/float64(b.N), "go-cpu-µs/op")
-	b.ReportMetric(float64((cpu1.pg-cpu0.pg).Microseconds())/float64(b.N), "pg-cpu-µs/op")
+	cpu0.reportSince(b)
 	var d counts
 	for i, e := range engines {
 		c := e.countsNow(b)
