@@ -156,15 +156,15 @@ func (h *Hints) Close() {
 	h.closePollFD()
 }
 
-// Send sends payload to every other running node. A payload larger than
-// MaxHintPayload is a programming error and is not sent.
-func (h *Hints) Send(payload []byte) {
+// Send sends payload to every other running node, unless it is larger
+// than MaxHintPayload: it then reports that it does not fit.
+func (h *Hints) Send(payload []byte) (fits bool) {
 	if len(payload) > MaxHintPayload {
-		return
+		return false
 	}
 	peers := *h.peers.Load()
 	if len(peers) == 0 {
-		return
+		return true
 	}
 	h.sendMu.Lock()
 	defer h.sendMu.Unlock()
@@ -176,6 +176,7 @@ func (h *Hints) Send(payload []byte) {
 			h.Stats.count(&h.Stats.Sent, "sent")
 		}
 	}
+	return true
 }
 
 // Run drains the socket every hintDrainEvery and refreshes the peers

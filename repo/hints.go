@@ -32,21 +32,19 @@ import (
 // late or wrong hint costs what no hint costs: the commit is refused with
 // what moved, caught up and built again.
 
-// HintSender sends a hint's payload to the other nodes, and Poll hands
-// the hints already received to ReceiveHint before it returns.
+// HintSender sends a hint's payload to the other nodes, or reports that
+// it is too large to send; Poll hands the hints already received to
+// ReceiveHint before it returns.
 type HintSender interface {
-	Send(payload []byte)
+	Send(payload []byte) (fits bool)
 	Poll()
 }
 
 const (
 	hintVersion = 1
 	// hintFlagNoOps marks a hint of a commit whose operations did not fit
-	// (cluster.MaxHintPayload): the node learns only that it moved.
+	// in what the sender sends: the node learns only that it moved.
 	hintFlagNoOps = 1
-	// maxHintPayload is cluster.MaxHintPayload (repo does not import
-	// cluster).
-	maxHintPayload = 1400
 	// maxHintedRepos bounds the repositories with hints kept, and
 	// maxHintsPerRepo the hints kept of one: a repository that other
 	// nodes commit to that often without this one writing to it is
@@ -231,14 +229,9 @@ func (e *Engine) sendHint(did string, res *CommitResult) {
 	if p == nil || res.moved == nil {
 		return
 	}
-	payload := encodeHint(did, res, false)
-	if len(payload) > maxHintPayload {
-		payload = encodeHint(did, res, true)
-		if len(payload) > maxHintPayload {
-			return
-		}
+	if !(*p).Send(encodeHint(did, res, false)) {
+		(*p).Send(encodeHint(did, res, true))
 	}
-	(*p).Send(payload)
 }
 
 // movedFrom is what a stored commit changed, for its hint: the commit it

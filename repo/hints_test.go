@@ -14,6 +14,8 @@ import (
 	lexutil "github.com/bluesky-social/indigo/lex/util"
 	"github.com/ipfs/go-cid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bulwark-pds/bulwark/cluster"
 )
 
 // hintMesh delivers each engine's hints to the others at once, in
@@ -33,14 +35,17 @@ type meshSender struct {
 
 func (meshSender) Poll() {}
 
-func (s meshSender) Send(payload []byte) {
+func (s meshSender) Send(payload []byte) bool {
+	if len(payload) > cluster.MaxHintPayload {
+		return false
+	}
 	s.m.mu.Lock()
 	s.m.sent++
 	n := s.m.sent
 	s.m.mu.Unlock()
 	if s.m.keep != nil {
 		if payload = s.m.keep(n, append([]byte(nil), payload...)); payload == nil {
-			return
+			return true // lost
 		}
 	}
 	for _, e := range s.m.engines {
@@ -48,6 +53,7 @@ func (s meshSender) Send(payload []byte) {
 			e.ReceiveHint(payload)
 		}
 	}
+	return true
 }
 
 func newHintMesh(b *bundle, n int, keep func(int, []byte) []byte) *hintMesh {
