@@ -418,7 +418,7 @@ func TestCatchUpAcrossReshape(t *testing.T) {
 // TestRefreshAfterUpdateAndRevert: another engine updates a record and
 // then puts it back, so the records written since leave the cached tree
 // as it was; catching up keeps every node of the tree, and the next
-// commit goes through on it (it used to find its nodes gone).
+// commit goes through on it, with every node of the tree at hand.
 func TestRefreshAfterUpdateAndRevert(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
