@@ -203,6 +203,7 @@ func TestResolveSlowPDS(t *testing.T) {
 		select {
 		case <-stuck:
 		case <-r.Context().Done():
+			panic(http.ErrAbortHandler) // no answer racing the caller's give-up
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

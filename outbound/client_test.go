@@ -206,20 +206,23 @@ func TestResponseSizeLimit(t *testing.T) {
 func TestSlowServerTimesOut(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	mux := http.NewServeMux()
-	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
+	// stall waits until the test ends. When the client gives up first, the
+	// handler ends the connection without finishing the answer: closing a
+	// TLS connection sends close_notify first, and a server that answered
+	// it at once could slip a complete answer in before the socket closes.
+	stall := func(r *http.Request) {
 		select {
 		case <-r.Context().Done():
+			panic(http.ErrAbortHandler)
 		case <-release:
 		}
-	})
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) { stall(r) })
 	mux.HandleFunc("/body", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "{")
 		w.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
+		stall(r)
 	})
 	s := startServer(t, "127.0.0.1", true, mux)
 	t.Cleanup(func() { close(release) }) // runs before the server closes

@@ -110,6 +110,7 @@ func (w *webWorld) serve(rw http.ResponseWriter, r *http.Request) {
 		select {
 		case <-w.slow:
 		case <-r.Context().Done():
+			panic(http.ErrAbortHandler) // no answer racing the caller's give-up
 		}
 	case host == "redirect.example.com":
 		http.Redirect(rw, r, w.private.URL+"/.well-known/did.json", http.StatusFound)
