@@ -15,9 +15,10 @@ var pollBufs = sync.Pool{New: func() any { b := make([]byte, hintBuffer); return
 // pollFD is a duplicate of the socket's descriptor for Poll: reads through
 // the net package wait in turn (the reading goroutine holds its turn while
 // it waits), so Poll reads with system calls of its own, which never wait
-// (MSG_DONTWAIT). mu keeps the descriptor open while a Poll uses it.
+// (MSG_DONTWAIT). mu is held by one Poll at a time, and keeps the
+// descriptor open while it is used.
 type pollFD struct {
-	mu sync.RWMutex
+	mu sync.Mutex
 	fd int // -1 once closed
 }
 
@@ -58,9 +59,14 @@ func (h *Hints) closePollFD() {
 // before it looks at its hints: a hint sent before the client was
 // answered has reached this host before the client's next request did,
 // and is read then, whenever Run last drained the socket.
+//
+// Polls take turns: a datagram another Poll (Run's drain, another
+// writer) has read but not yet handed on is no longer on the socket, so
+// a Poll that did not wait for it would return without a hint that had
+// arrived.
 func (h *Hints) Poll() {
-	h.poll.mu.RLock()
-	defer h.poll.mu.RUnlock()
+	h.poll.mu.Lock()
+	defer h.poll.mu.Unlock()
 	if h.poll.fd < 0 {
 		return
 	}

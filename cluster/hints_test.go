@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +175,43 @@ func TestHintsPollReadsWaiting(t *testing.T) {
 	b.Poll()
 	require.Equal(t, []string{"one", "two", "three"}, got)
 	require.Equal(t, int64(3), b.Stats.Received.Load())
+}
+
+// TestHintsPollWaitsForAPollInProgress: a datagram another Poll has taken
+// off the socket but not yet handed on is waited for, so a writer's Poll
+// never returns without a hint that had arrived before it was called.
+func TestHintsPollWaitsForAPollInProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	key := bytes.Repeat([]byte{9}, 32)
+	join := func(id string) *Node { return joinForHints(t, ctx, pool, id) }
+	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
+	require.NoError(t, err)
+	defer a.Close()
+	inHandle, release := make(chan struct{}), make(chan struct{})
+	var handed atomic.Int64
+	b, err := ListenHints(ctx, join("b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func([]byte) {
+		close(inHandle)
+		<-release
+		handed.Add(1)
+	}})
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, a.refreshPeers(ctx))
+	a.Send([]byte("one"))
+
+	first := make(chan struct{})
+	go func() { defer close(first); b.Poll() }() // as Run's drain would
+	<-inHandle                                   // the datagram is off the socket, not yet handed on
+	second, asked := make(chan int64), make(chan struct{})
+	go func() {
+		close(asked)
+		b.Poll() // a writer's
+		second <- handed.Load()
+	}()
+	<-asked
+	close(release)
+	require.EqualValues(t, 1, <-second, "a Poll returned before the hint another Poll had read was handed on")
+	<-first
 }
