@@ -268,7 +268,7 @@ func TestImportOutlastsBodyGrace(t *testing.T) {
 	t.Parallel()
 	e := newAccountEnv(t, envOptions{
 		blobs:   true,
-		options: func(o *Options) { o.bodyRate = &bodyRate{grace: 100 * time.Millisecond, rate: 4 << 10} },
+		options: func(o *Options) { o.bodyRate = &bodyRate{grace: 300 * time.Millisecond, rate: 4 << 10} },
 	})
 	bob := e.createUser(t)
 	oldKey, err := atcrypto.GeneratePrivateKeyK256()
