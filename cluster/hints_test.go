@@ -149,23 +149,30 @@ func TestHintSealOpen(t *testing.T) {
 	}
 }
 
+// pollPair is two joined nodes' hints with no reading goroutine: a
+// sends to b (it has read the peers), b hands what it reads to handle.
+func pollPair(t *testing.T, handle func([]byte)) (a, b *Hints) {
+	t.Helper()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	key := bytes.Repeat([]byte{9}, 32)
+	a, err := ListenHints(ctx, joinForHints(t, ctx, pool, "a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
+	require.NoError(t, err)
+	t.Cleanup(a.Close)
+	b, err = ListenHints(ctx, joinForHints(t, ctx, pool, "b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: handle})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	require.NoError(t, a.refreshPeers(ctx))
+	return a, b
+}
+
 // TestHintsPollReadsWaiting: Poll hands on every hint already waiting on
 // the socket before it returns, with no reading goroutine running, and
 // returns at once when none waits.
 func TestHintsPollReadsWaiting(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := dbtest.New(t)
-	key := bytes.Repeat([]byte{9}, 32)
-	join := func(id string) *Node { return joinForHints(t, ctx, pool, id) }
 	var got []string
-	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := ListenHints(ctx, join("b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func(p []byte) { got = append(got, string(p)) }})
-	require.NoError(t, err)
-	defer b.Close()
-	require.NoError(t, a.refreshPeers(ctx))
+	a, b := pollPair(t, func(p []byte) { got = append(got, string(p)) })
 	b.Poll()
 	require.Empty(t, got)
 	for _, p := range []string{"one", "two", "three"} {
@@ -182,23 +189,13 @@ func TestHintsPollReadsWaiting(t *testing.T) {
 // never returns without a hint that had arrived before it was called.
 func TestHintsPollWaitsForAPollInProgress(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := dbtest.New(t)
-	key := bytes.Repeat([]byte{9}, 32)
-	join := func(id string) *Node { return joinForHints(t, ctx, pool, id) }
-	a, err := ListenHints(ctx, join("a"), HintConfig{Addr: "127.0.0.1:0", Key: key})
-	require.NoError(t, err)
-	defer a.Close()
 	inHandle, release := make(chan struct{}), make(chan struct{})
 	var handed atomic.Int64
-	b, err := ListenHints(ctx, join("b"), HintConfig{Addr: "127.0.0.1:0", Key: key, Handle: func([]byte) {
+	a, b := pollPair(t, func([]byte) {
 		close(inHandle)
 		<-release
 		handed.Add(1)
-	}})
-	require.NoError(t, err)
-	defer b.Close()
-	require.NoError(t, a.refreshPeers(ctx))
+	})
 	a.Send([]byte("one"))
 
 	first := make(chan struct{})
