@@ -43,7 +43,10 @@ func (c *cluster) start(name, asUser string, env []string, argv ...string) (*pro
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	// Its own process group: signals reach it (and runuser's child) only.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// SIGTERM when this process dies without stopping it (a crash; runuser
+	// passes it on), so that no node, Postgres or balancer outlives a run
+	// and holds its ports.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -464,6 +464,9 @@ func (c *cluster) verifyAll(ctx context.Context, phase string, direct []*client,
 	}
 	c.logf("%s: %d acknowledged writes all present, getRepo identical from %d nodes; %d firehoses identical and gapless to seq %d, %d #commits verified; failed writes so far %v",
 		phase, len(acks), len(direct), len(streams), last, rep.verified, errs)
+	if len(rep.ends) > 0 {
+		c.logf("%s: connections ended by error frames so far (each stream resumed from its last seq): %v", phase, rep.ends)
+	}
 	if len(rep.problems) > 0 || lost > 0 {
 		return errors.New(phase + ": checks failed (see above)")
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -37,10 +38,13 @@ type stream struct {
 	conflicts  int // a seq sent again with other bytes
 	problems   []string
 	reconnects int
+	// ends counts the error frames the node ended a connection with, by
+	// name; the stream resumes from its last seq after each.
+	ends map[string]int
 }
 
 func newStream(n *node) *stream {
-	return &stream{node: n, frames: map[int64]*frame{}, byRev: map[string]*frame{}}
+	return &stream{node: n, frames: map[int64]*frame{}, byRev: map[string]*frame{}, ends: map[string]int{}}
 }
 
 // run reads the firehose until ctx ends.
@@ -80,10 +84,13 @@ func (s *stream) read(conn *websocket.Conn) {
 		if err != nil {
 			return
 		}
+		at := time.Now()
 		f, err := decodeFrame(raw)
-		f.at = time.Now()
+		var end *errorFrame
 		s.mu.Lock()
 		switch {
+		case errors.As(err, &end):
+			s.ends[end.name]++
 		case err != nil:
 			s.problems = append(s.problems, err.Error())
 		case f.seq == 0:
@@ -95,6 +102,7 @@ func (s *stream) read(conn *websocket.Conn) {
 				s.conflicts++
 			}
 		default:
+			f.at = at
 			s.frames[f.seq] = f
 			if f.commit != nil {
 				s.byRev[f.did+" "+f.rev] = f
@@ -104,6 +112,11 @@ func (s *stream) read(conn *websocket.Conn) {
 		s.mu.Unlock()
 	}
 }
+
+// errorFrame is an error frame a node sent before closing.
+type errorFrame struct{ name, message string }
+
+func (e *errorFrame) Error() string { return "error frame: " + e.name + " " + e.message }
 
 // decodeFrame reads a frame's kind and seq (and a #commit whole).
 func decodeFrame(raw []byte) (*frame, error) {
@@ -115,8 +128,10 @@ func decodeFrame(raw []byte) (*frame, error) {
 	f := &frame{raw: raw, kind: hdr.MsgType}
 	if hdr.Op != events.EvtKindMessage {
 		var e events.ErrorFrame
-		_ = e.UnmarshalCBOR(r)
-		return nil, fmt.Errorf("error frame: %s %s", e.Error, e.Message)
+		if err := e.UnmarshalCBOR(r); err != nil {
+			return nil, fmt.Errorf("error frame: %w", err)
+		}
+		return nil, &errorFrame{name: e.Error, message: e.Message}
 	}
 	switch hdr.MsgType {
 	case "#commit":
@@ -171,6 +186,8 @@ type streamReport struct {
 	commits  int
 	verified int
 	problems []string
+	// ends are the error frames each node ended connections with.
+	ends []string
 }
 
 // checkStreams requires every stream to hold seqs 1..last with none
@@ -198,6 +215,9 @@ func checkStreams(streams []*stream, last int64, verify func(*comatproto.SyncSub
 		}
 		if len(s.problems) > 0 {
 			rep.problems = append(rep.problems, fmt.Sprintf("%s: %v", s.node.name, s.problems[:min(3, len(s.problems))]))
+		}
+		if len(s.ends) > 0 {
+			rep.ends = append(rep.ends, fmt.Sprintf("%s %v", s.node.name, s.ends))
 		}
 		s.mu.Unlock()
 	}
